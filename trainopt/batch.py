@@ -1,0 +1,151 @@
+"""Batch-size search as a pure sequence of probes.
+
+The caller asks ``next_probe()`` for a size, runs a real training step at that size in a
+fresh process, and answers with ``record(size, fits)``. No torch, no processes here, so
+the exact sequence is testable with a fake oracle::
+
+    start 32, max 1024, memory fits up to 300:
+    32 fits, 64 fits, 128 fits, 256 fits, 512 fails      (grow x2)
+    384 fails, 320 fails, 288 fits, 304 fails, 296 fits  (bisect on multiples of 8, to within 5 %)
+    largest fitting 296, with a 10 % margin -> 264       (rounded down to a multiple of 8)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["BatchSizeSearch", "throughput_candidates", "Probe"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One answered probe."""
+
+    size: int
+    fits: bool
+
+
+def _round_down(value: float, multiple: int) -> int:
+    if value >= multiple:
+        return int(value // multiple) * multiple
+    return max(1, int(value))
+
+
+@dataclass
+class BatchSizeSearch:
+    """Find the largest batch that fits: grow x2, then bisect, then keep a margin.
+
+    Args:
+        start: The incumbent batch size (probed first).
+        maximum: Never probe above this.
+        margin: Fraction kept free below the largest fitting size (memory varies a little
+            between runs, and a production run has other allocations).
+        tolerance: Bisection stops when the gap is within this fraction of the fitting size.
+        multiple: Probe sizes are multiples of this once they are at least this large
+            (kernels and tensor cores prefer aligned sizes).
+    """
+
+    start: int
+    maximum: int
+    margin: float = 0.1
+    tolerance: float = 0.05
+    multiple: int = 8
+    probes: list[Probe] = field(default_factory=list)
+    _fit: int | None = None
+    _fail: int | None = None
+
+    def __post_init__(self):
+        if self.start < 1 or self.maximum < 1:
+            raise ValueError("batch sizes must be positive")
+        self.start = min(self.start, self.maximum)
+
+    def next_probe(self) -> int | None:
+        """The next size to try, or None when the search is over."""
+        if not self.probes:
+            return self.start
+        if self._fail is None:
+            # Still growing: double until the maximum.
+            if self._fit is None or self._fit >= self.maximum:
+                return None
+            return min(self._fit * 2, self.maximum)
+        if self._fit is None:
+            # Even the start did not fit: back off by halves.
+            nxt = self._fail // 2
+            return nxt if nxt >= 1 else None
+        gap = self._fail - self._fit
+        if gap <= max(self.tolerance * self._fit, self.multiple if self._fit >= self.multiple else 1):
+            return None
+        mid = (self._fit + self._fail) / 2
+        step = self.multiple if self._fit >= self.multiple else 1
+        cand = _round_down(mid, step)
+        if cand <= self._fit:
+            cand = self._fit + step
+        if cand >= self._fail:
+            return None
+        return cand
+
+    def record(self, size: int, fits: bool) -> None:
+        """Answer a probe: did a full training step at ``size`` fit in memory?"""
+        self.probes.append(Probe(size, fits))
+        if fits:
+            self._fit = size if self._fit is None else max(self._fit, size)
+        else:
+            self._fail = size if self._fail is None else min(self._fail, size)
+
+    @property
+    def largest_fitting(self) -> int | None:
+        """The largest size that fitted (None when none did)."""
+        return self._fit
+
+    @property
+    def safe_maximum(self) -> int | None:
+        """The largest fitting size less the margin, rounded down to a multiple.
+
+        The margin applies only when some size failed; when the maximum fitted, memory was
+        never the limit and the maximum itself is safe.
+        """
+        if self._fit is None:
+            return None
+        if self._fail is None or self.margin == 0:
+            return self._fit
+        step = self.multiple if self._fit >= self.multiple else 1
+        return max(1, min(self._fit, _round_down(self._fit * (1 - self.margin), step)))
+
+
+def throughput_candidates(
+    incumbent: int, safe_max: int, max_candidates: int = 4, effective_batch: int | None = None
+) -> list[int]:
+    """Batch sizes whose throughput is worth measuring, smallest first.
+
+    Powers of two above the incumbent up to ``safe_max``, and ``safe_max`` itself. With
+    ``effective_batch`` set, only sizes that divide it (grad_accum makes up the rest).
+    Larger is not always faster (cache pressure on CPUs), so several sizes are measured
+    rather than assuming the largest wins.
+
+    Args:
+        incumbent: The current batch size (never a candidate).
+        safe_max: The largest size to consider.
+        max_candidates: At most this many, spread evenly on a log scale, the largest kept.
+        effective_batch: batch_size x grad_accum must equal this, when set.
+    """
+    sizes = set()
+    p = 1
+    while p <= safe_max:
+        if p > incumbent:
+            sizes.add(p)
+        p *= 2
+    if safe_max > incumbent:
+        sizes.add(safe_max)
+    if effective_batch is not None:
+        sizes = {s for s in sizes if effective_batch % s == 0}
+    ordered = sorted(sizes)
+    if len(ordered) <= max_candidates:
+        return ordered
+    # Keep the largest and spread the rest evenly in log space.
+    picks = {ordered[-1]}
+    lo, hi = math.log(ordered[0]), math.log(ordered[-1])
+    for i in range(max_candidates - 1):
+        target = lo + (hi - lo) * i / max(1, max_candidates - 1)
+        picks.add(min(ordered, key=lambda s: abs(math.log(s) - target)))
+    return sorted(picks)[:max_candidates] if len(picks) > max_candidates else sorted(picks)

@@ -1,0 +1,326 @@
+"""Command-line interface: ``trainopt validate | measure | search | report | export``.
+
+``main(argv)`` returns the exit code: 0 success, 1 a run failed, 2 bad input, 130/143
+when interrupted by SIGINT/SIGTERM. User mistakes are answered with one clear message,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from trainopt import __version__
+
+__all__ = ["main", "Terminated"]
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class Terminated(BaseException):
+    """Raised in the main thread when SIGTERM arrives, so cleanup runs as for Ctrl-C."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own exit code 2 matches "bad input"
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    print(f"trainopt: error: {message}", file=sys.stderr)
+    return code
+
+
+def _load(spec_path: str):
+    from trainopt.spec import load_spec
+    from trainopt.workloads.reference import resolve_reference
+
+    spec = load_spec(spec_path)
+    # Import user factories once here, so a bad reference is a bad-input error (exit 2)
+    # before any trial starts, not a failed trial later.
+    for field, ref in (
+        ("model.name", spec.model.name),
+        ("data.name", spec.data.name),
+        ("loss", spec.loss),
+        ("optimizer.name", spec.optimizer.name),
+    ):
+        if ":" in ref:
+            resolve_reference(ref, spec.source_dir(), field=field)
+    return spec
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if not n:
+        return "n/a"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+# ---- validate -----------------------------------------------------------------------
+
+
+def cmd_validate(args) -> int:
+    spec = _load(args.spec)
+    sys.stdout.write(f"# {args.spec}: valid\n" + yaml.safe_dump(spec.resolved(), sort_keys=False))
+    return EXIT_OK
+
+
+# ---- measure -----------------------------------------------------------------------
+
+
+def _measure_summary(result, spec_name: str) -> str:
+    s = result.settings
+    changed = " ".join(f"{k}={v}" for k, v in s.items() if k in ("batch_size", "amp", "num_workers", "compile"))
+    lines = [f"{spec_name}  {changed}", f"status: {result.status}"]
+    if result.ok:
+        kept = len(result.windows) - result.steady_from
+        lines.append(
+            f"throughput: {result.samples_per_s:,.1f} samples/s  (window median {result.median:,.1f}, "
+            f"IQR {result.iqr:,.1f}; {kept} of {len(result.windows)} windows kept, warm-up cut at window "
+            f"{result.steady_from}{'' if result.steady else '; NOT steady: the series did not settle'})"
+        )
+        lines.append(
+            f"step time: {result.step_time_s * 1000:.1f} ms   data wait: {result.data_wait_fraction:.0%}   "
+            f"peak memory: {_fmt_bytes(result.peak_memory_bytes)}   warm-up: {result.warmup_s:.1f} s"
+            + (f"   compile: {result.compile_s:.1f} s" if result.compile_s is not None else "")
+        )
+        lines.append(f"loss: {result.first_loss:.4g} -> {result.last_loss:.4g}")
+    else:
+        lines.append(f"reason: {result.error}")
+    if result.log_path:
+        lines.append(f"log: {result.log_path}")
+    return "\n".join(lines)
+
+
+def cmd_measure(args) -> int:
+    from trainopt.protocol import TrialRequest, write_json_atomic
+    from trainopt.results import write_text_atomic
+    from trainopt.runner import SubprocessRunner
+    from trainopt.spec import apply_overrides, parse_set
+    from trainopt.workspace import OutputFolder
+
+    spec = _load(args.spec)
+    overrides = parse_set(args.set or [])
+    settings = apply_overrides(spec, overrides)
+    eff = spec.limits.effective_batch
+    if eff is not None and settings["batch_size"] * settings["grad_accum"] != eff:
+        return _fail(
+            f"--set: batch_size {settings['batch_size']} x grad_accum {settings['grad_accum']} != "
+            f"limits.effective_batch {eff}; set grad_accum={max(1, eff // settings['batch_size'])} too"
+        )
+    out = Path(args.out) if args.out else Path("runs") / spec.name / "measure" / time.strftime("%Y%m%d-%H%M%S")
+    with OutputFolder(out) as folder:
+        write_text_atomic(folder.path / "spec.resolved.yaml", yaml.safe_dump(spec.resolved(), sort_keys=False))
+        request = TrialRequest(
+            spec=spec.resolved(),
+            source_dir=str(spec.source_dir()),
+            settings=settings,
+            mode="measure",
+            result_path=str((folder.path / "trials" / "measure.result.json").resolve()),
+            memory_gb=spec.limits.memory_gb,
+            trial_id="measure",
+        )
+        result = SubprocessRunner().run(request, folder.path / "logs" / "measure.log", spec.measure.trial_timeout_s)
+        write_json_atomic(folder.path / "result.json", result.to_dict())
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        print(_measure_summary(result, spec.name))
+        print(f"saved: {out / 'result.json'}")
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+# ---- search ------------------------------------------------------------------------
+
+
+def _summary(doc: dict[str, Any]) -> str:
+    base = doc.get("baseline") or {}
+    best = doc.get("best") or {}
+    final = doc.get("final") or {}
+    lines = [f"search {doc['name']}: {'complete' if doc['complete'] else 'INCOMPLETE'}"]
+    if doc.get("diagnosis"):
+        lines.append(f"diagnosis: {doc['diagnosis'].get('text')}")
+    b = final.get("baseline_samples_per_s") or base.get("samples_per_s")
+    a = best.get("samples_per_s")
+    if b and a:
+        ci = doc.get("speedup_ci")
+        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({final.get('n_pairs')} pairs, {final.get('verdict')})" if ci else ""
+        lines.append(f"throughput: {b:,.1f} -> {a:,.1f} samples/s; speedup {doc.get('speedup') or 1:.3f}x{ci_text}")
+    kept = [d for d in doc["decisions"] if d["kept"]]
+    if kept:
+        lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
+    else:
+        lines.append("kept: nothing (no change was confirmed as faster)")
+    hint = (doc.get("batch_size") or {}).get("lr_hint")
+    if hint:
+        lines.append(f"note: {hint}")
+    c = doc.get("counts", {})
+    lines.append(f"trials: {c.get('trials_run', 0)} run, {c.get('trials_reused', 0)} reused from the store")
+    return "\n".join(lines)
+
+
+def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any]) -> Path | None:
+    from trainopt.results import write_outputs
+
+    write_outputs(out, doc, resolved)
+    try:
+        from trainopt.report import write_report
+    except ImportError:
+        return None
+    return write_report(out, doc)
+
+
+def cmd_search(args) -> int:
+    from trainopt.progress import ConsoleProgress
+    from trainopt.runner import SubprocessRunner
+    from trainopt.search import Search, SearchFailed
+    from trainopt.store import TrialStore, default_storage_url
+    from trainopt.workspace import OutputFolder
+
+    spec = _load(args.spec)
+    out = Path(args.out) if args.out else Path("runs") / spec.name
+    resolved = spec.resolved()
+    with OutputFolder(out) as folder:
+        url = args.storage or default_storage_url(folder.path)
+        store = TrialStore(url, spec.name, spec.fingerprint(), fresh=args.fresh)
+        if store.stale:
+            print(f"trainopt: {store.stale} trial(s) left running by an interrupted search will be run again", file=sys.stderr)
+        if args.fresh:
+            for old in ("results.json", "best.yaml", "speedups.csv", "report.html", "trials.csv"):
+                (folder.path / old).unlink(missing_ok=True)
+        progress = ConsoleProgress(quiet=args.quiet)
+        last: dict[str, Any] = {}
+
+        def checkpoint(doc):
+            last["doc"] = doc
+            _write_all(folder.path, doc, resolved)
+
+        search = Search(spec, folder.path, SubprocessRunner(), store, progress=progress, on_checkpoint=checkpoint)
+        try:
+            doc = search.run()
+        except SearchFailed as exc:
+            progress.close()
+            return _fail(str(exc), EXIT_FAILED)
+        except (KeyboardInterrupt, Terminated) as exc:
+            progress.close()
+            code = 143 if isinstance(exc, Terminated) else 130
+            # The trial in flight was stopped by the runner; everything finished is in the store.
+            from trainopt.results import build_results
+
+            _write_all(folder.path, build_results(search, complete=False), resolved)
+            print(
+                f"\ntrainopt: interrupted; {search.ran} trial(s) finished this time are saved. "
+                f"Run the same command again to resume.",
+                file=sys.stderr,
+            )
+            return code
+        finally:
+            progress.close()
+    print(_summary(doc))
+    report = folder.path / "report.html"
+    print(f"results: {folder.path / 'results.json'}")
+    if report.exists():
+        print(f"report: {report}")
+    return EXIT_OK
+
+
+# ---- report / export -----------------------------------------------------------------
+
+
+def cmd_report(args) -> int:
+    from trainopt.report import write_report
+    from trainopt.results import read_results
+
+    doc = read_results(Path(args.dir))
+    out = Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent
+    path = write_report(out, doc)
+    if not doc.get("complete"):
+        print(f"trainopt: partial results (missing: {', '.join(doc.get('missing') or []) or 'unknown'})", file=sys.stderr)
+    print(f"report: {path}")
+    return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    from trainopt.export import render_export
+
+    sys.stdout.write(render_export(Path(args.dir), args.format))
+    return EXIT_OK
+
+
+# ---- main ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="trainopt", description="Find, with evidence, which training-speed settings make your training faster.")
+    p.add_argument("--version", action="version", version=f"trainopt {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    v = sub.add_parser("validate", help="check a spec and print it with every default filled in")
+    v.add_argument("spec")
+    v.set_defaults(func=cmd_validate)
+
+    m = sub.add_parser("measure", help="measure one configuration in an isolated process")
+    m.add_argument("spec")
+    m.add_argument("--set", action="append", metavar="KNOB=VALUE", help="override a baseline knob (repeatable)")
+    m.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    m.add_argument("--out", help="folder for the result, log and resolved spec")
+    m.set_defaults(func=cmd_measure)
+
+    s = sub.add_parser("search", help="change one knob at a time and keep only confirmed speedups")
+    s.add_argument("spec")
+    s.add_argument("--out", help="output folder (default runs/<name>)")
+    s.add_argument("--storage", help="Optuna RDB URL for the trial store (default: SQLite in the output folder)")
+    s.add_argument("--fresh", action="store_true", help="discard stored trials and start over")
+    s.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
+    s.set_defaults(func=cmd_search)
+
+    r = sub.add_parser("report", help="regenerate the CSV, HTML report and plots from stored results")
+    r.add_argument("dir")
+    r.set_defaults(func=cmd_report)
+
+    e = sub.add_parser("export", help="print the winning settings for plain PyTorch, Lightning, HF or YAML")
+    e.add_argument("dir", help="a search output folder or a best.yaml")
+    e.add_argument("--format", choices=["torch", "lightning", "hf", "yaml"], default="torch")
+    e.set_defaults(func=cmd_export)
+    return p
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code."""
+    from trainopt.errors import UserError
+    from trainopt.protocol import SchemaVersionError
+    from trainopt.spec import SpecError
+
+    args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"trainopt: error: {exc.render()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SchemaVersionError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        print("\ntrainopt: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("\ntrainopt: terminated", file=sys.stderr)
+        return 143
+    except UserError as exc:
+        return _fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,301 @@
+"""The timed training loop that runs inside a trial process.
+
+It reads top to bottom like a plain training script: apply the knobs, build the loader,
+warm up (discarded), calibrate how many steps fill a window, then time fixed windows of
+real steps over the real DataLoader. The device is synchronized only at window edges,
+so the figure is what a training run actually gets, not what an un-synchronized clock
+suggests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from trainopt import stats
+
+__all__ = ["NonFiniteLoss", "Measurement", "Trainer", "measure_throughput", "probe_memory"]
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class Measurement:
+    """Raw figures of one measured trial; the worker turns it into a TrialResult."""
+
+    windows: list[float] = field(default_factory=list)
+    window_steps: int = 0
+    window_times: list[float] = field(default_factory=list)
+    window_waits: list[float] = field(default_factory=list)
+    steady_from: int = 0
+    steady: bool = True
+    samples_per_s: float | None = None
+    step_time_s: float | None = None
+    data_wait_fraction: float | None = None
+    warmup_s: float = 0.0
+    first_step_s: float = 0.0
+    compile_s: float | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    steps: int = 0
+    peak_memory_bytes: int | None = None
+
+
+def _autocast_dtype(amp: str) -> torch.dtype | None:
+    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+
+
+class _PeakMemory:
+    """Peak memory: CUDA max allocated, or on CPU peak RSS of this process plus loader workers.
+
+    Loader workers are separate processes, so their resident memory is sampled at window
+    edges (outside the timed region) and added to this process's own peak.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.children_peak = 0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def sample(self) -> None:
+        if self.device.type == "cuda":
+            return
+        try:
+            import psutil
+
+            kids = psutil.Process().children(recursive=True)
+            total = 0
+            for kid in kids:
+                with contextlib.suppress(psutil.Error):
+                    total += kid.memory_info().rss
+            self.children_peak = max(self.children_peak, total)
+        except Exception:  # noqa: BLE001 - memory sampling must never fail a trial
+            pass
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        return int(own + self.children_peak)
+
+
+class Trainer:
+    """One training configuration: model, loader, optimizer and the knobs applied.
+
+    Args:
+        workload: A ``trainopt.workloads.Workload``.
+        settings: Every knob's value.
+        device: The torch.device to train on.
+        seed: Seed for the loader's shuffling.
+    """
+
+    def __init__(self, workload: Any, settings: dict[str, Any], device: torch.device, seed: int = 0):
+        self.settings = settings
+        self.device = device
+        s = settings
+        if s["threads"] is not None:
+            torch.set_num_threads(s["threads"])
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = bool(s["cudnn_benchmark"])
+            torch.backends.cuda.matmul.allow_tf32 = bool(s["tf32"])
+            torch.backends.cudnn.allow_tf32 = bool(s["tf32"])
+        self.memory_format = torch.channels_last if s["channels_last"] else torch.contiguous_format
+        model = workload.model.to(device)
+        if s["channels_last"]:
+            model = model.to(memory_format=torch.channels_last)
+        model.train()
+        self.model = model
+        self.optimizer = workload.optimizer_factory(model.parameters(), s["optimizer_impl"])
+        self.forward = model if s["compile"] == "off" else torch.compile(model, mode=None if s["compile"] == "default" else s["compile"])
+        self.loss_fn = workload.loss_fn
+        self.amp_dtype = _autocast_dtype(s["amp"])
+        self.scaler = torch.amp.GradScaler(device.type) if s["amp"] == "fp16" else None
+        self.non_blocking = bool(s["pin_memory"]) and device.type == "cuda"
+        self.samples_per_step = s["batch_size"] * s["grad_accum"]
+        generator = torch.Generator().manual_seed(seed)
+        loader_kwargs: dict[str, Any] = dict(
+            batch_size=s["batch_size"],
+            shuffle=True,
+            drop_last=True,  # every batch has the same shape, so a compiled model never recompiles mid-run
+            num_workers=s["num_workers"],
+            pin_memory=bool(s["pin_memory"]) and device.type == "cuda",
+            generator=generator,
+        )
+        if s["num_workers"] > 0:
+            loader_kwargs["persistent_workers"] = bool(s["persistent_workers"])
+            if s["prefetch_factor"] is not None:
+                loader_kwargs["prefetch_factor"] = s["prefetch_factor"]
+        self.dataset_len = len(workload.dataset)
+        if self.dataset_len < s["batch_size"]:
+            raise ValueError(
+                f"the data set has {self.dataset_len} samples, fewer than batch_size {s['batch_size']}; "
+                f"raise data.args.size or lower batch_size"
+            )
+        self.loader = torch.utils.data.DataLoader(workload.dataset, **loader_kwargs)
+        self._iter: Iterator | None = None
+        self.data_wait = 0.0
+        self.last_loss: torch.Tensor | None = None
+
+    def sync(self) -> None:
+        """Wait for queued device work; a no-op on CPU, where work is synchronous."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _next_batch(self, clock: Callable[[], float]):
+        t0 = clock()
+        try:
+            batch = next(self._iter) if self._iter is not None else None
+        except StopIteration:
+            batch = None
+        if batch is None:
+            # A new epoch, as training would start one (workers restart unless persistent).
+            self._iter = iter(self.loader)
+            batch = next(self._iter)
+        self.data_wait += clock() - t0
+        return batch
+
+    def _to_device(self, x, y):
+        x = x.to(self.device, non_blocking=self.non_blocking)
+        y = y.to(self.device, non_blocking=self.non_blocking)
+        if x.dim() == 4:
+            x = x.contiguous(memory_format=self.memory_format)
+        return x, y
+
+    def step(self, clock: Callable[[], float] = time.perf_counter) -> torch.Tensor:
+        """One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update."""
+        accum = self.settings["grad_accum"]
+        loss_sum = None
+        for _ in range(accum):
+            x, y = self._to_device(*self._next_batch(clock))
+            ctx = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
+            with ctx:
+                loss = self.loss_fn(self.forward(x), y)
+            scaled = loss / accum if accum > 1 else loss
+            if self.scaler is not None:
+                self.scaler.scale(scaled).backward()
+            else:
+                scaled.backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.last_loss = loss_sum / accum
+        return self.last_loss
+
+    def loss_value(self) -> float:
+        """The last loss on the host (a device sync); raises NonFiniteLoss when NaN/inf."""
+        value = float(self.last_loss.item()) if self.last_loss is not None else float("nan")
+        if not math.isfinite(value):
+            raise NonFiniteLoss(f"the training loss became {value}")
+        return value
+
+
+def _host_read(trainer: Trainer, step_index: int) -> None:
+    """Read the loss on the host every ``sync_every`` steps, as a logging loop does."""
+    every = trainer.settings["sync_every"]
+    if every and (step_index + 1) % every == 0:
+        trainer.loss_value()
+
+
+def measure_throughput(
+    trainer: Trainer,
+    warmup_steps: int,
+    warmup_seconds: float,
+    window_seconds: float,
+    windows: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Measurement:
+    """Warm up, then time ``windows`` windows of a fixed number of steps.
+
+    Args:
+        trainer: The configured training step.
+        warmup_steps: Minimum number of discarded steps.
+        warmup_seconds: Minimum discarded time.
+        window_seconds: Target length of one timed window (sets the steps per window).
+        windows: Number of timed windows.
+        clock: The time source; injectable for tests.
+
+    Returns:
+        Per-window throughputs and the derived figures.
+    """
+    m = Measurement()
+    mem = _PeakMemory(trainer.device)
+    trainer.sync()
+    start = clock()
+    trainer.step(clock)
+    m.first_loss = trainer.loss_value()  # syncs: the first step's time includes any compilation
+    m.first_step_s = clock() - start
+    steps = 1
+    after_first = clock()
+    while steps < max(warmup_steps, 2) or clock() - start < warmup_seconds:
+        trainer.step(clock)
+        _host_read(trainer, steps)
+        steps += 1
+    trainer.loss_value()
+    typical = (clock() - after_first) / (steps - 1)
+    m.warmup_s = clock() - start
+    if trainer.settings["compile"] != "off":
+        m.compile_s = max(0.0, m.first_step_s - typical)
+    m.window_steps = max(1, int(round(window_seconds / max(typical, 1e-9))))
+    mem.sample()
+
+    for _ in range(windows):
+        trainer.data_wait = 0.0
+        trainer.sync()
+        t0 = clock()
+        for i in range(m.window_steps):
+            trainer.step(clock)
+            _host_read(trainer, i)
+        trainer.sync()
+        elapsed = clock() - t0
+        wait = trainer.data_wait
+        # Outside the timed region: the loss check and memory sample cost nothing measured.
+        m.last_loss = trainer.loss_value()
+        mem.sample()
+        m.window_times.append(elapsed)
+        m.window_waits.append(wait)
+        m.windows.append(m.window_steps * trainer.samples_per_step / elapsed)
+    m.steps = steps + windows * m.window_steps
+
+    cut = stats.steady_state(m.windows)
+    m.steady_from, m.steady = cut.start, cut.steady
+    kept_time = sum(m.window_times[cut.start:])
+    kept_steps = m.window_steps * (windows - cut.start)
+    m.samples_per_s = kept_steps * trainer.samples_per_step / kept_time
+    m.step_time_s = kept_time / kept_steps
+    m.data_wait_fraction = sum(m.window_waits[cut.start:]) / kept_time
+    m.peak_memory_bytes = mem.peak()
+    return m
+
+
+def probe_memory(trainer: Trainer, steps: int = 2) -> Measurement:
+    """Run full training steps (forward, backward, optimizer) to learn whether a batch fits.
+
+    Two steps, because optimizer state (momentum, Adam moments) is allocated on the first
+    and the second shows the steady memory of training.
+    """
+    m = Measurement()
+    mem = _PeakMemory(trainer.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.step()
+    trainer.sync()
+    # A probe asks only whether memory suffices; the loss value is not judged here.
+    m.last_loss = float(trainer.last_loss.item())
+    m.first_step_s = time.perf_counter() - start
+    m.steps = steps
+    mem.sample()
+    m.peak_memory_bytes = mem.peak()
+    return m

@@ -1,0 +1,72 @@
+"""What to try and in which order: pure functions over settings.
+
+The order follows the training-speed checklist (batch size, precision, layout, input
+pipeline, host overhead, backend flags, compilation) unless the spec asks for its own
+order; when the baseline is input-bound, the input-pipeline knobs go first, because a
+faster model step changes nothing while the loader is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping, Sequence
+
+from trainopt import knobs
+
+__all__ = ["INPUT_BOUND_THRESHOLD", "diagnose", "knob_order", "candidates", "settings_hash", "with_knob"]
+
+# Above this share of step time spent waiting for the loader, training is input-bound.
+INPUT_BOUND_THRESHOLD = 0.25
+
+
+def diagnose(data_wait_fraction: float | None) -> dict[str, Any]:
+    """Say whether training is input-bound or compute-bound, with the figure behind it."""
+    if data_wait_fraction is None:
+        return {"bottleneck": "unknown", "data_wait_fraction": None, "text": "no measurement of loader wait time"}
+    share = f"{data_wait_fraction:.0%}"
+    if data_wait_fraction > INPUT_BOUND_THRESHOLD:
+        return {
+            "bottleneck": "input",
+            "data_wait_fraction": data_wait_fraction,
+            "text": f"input-bound: {share} of each step waits for the DataLoader; input-pipeline knobs are tried first",
+        }
+    return {
+        "bottleneck": "compute",
+        "data_wait_fraction": data_wait_fraction,
+        "text": f"compute-bound: only {share} of each step waits for the DataLoader",
+    }
+
+
+def knob_order(search: Mapping[str, Any], order: str = "guide", bottleneck: str = "compute") -> list[str]:
+    """The knobs of ``search`` in the order they are tried.
+
+    Args:
+        search: The spec's search section (knob -> candidates), in the order written.
+        order: ``guide`` (checklist stages) or ``as_written``.
+        bottleneck: From ``diagnose``; ``input`` moves input-pipeline knobs first (guide order only).
+    """
+    names = list(search)
+    if order == "as_written":
+        return names
+    stage_rank = {stage: i for i, stage in enumerate(knobs.STAGES)}
+    if bottleneck == "input":
+        stage_rank["input"] = -1
+    return sorted(names, key=lambda n: (stage_rank[knobs.KNOBS[n].stage], names.index(n)))
+
+
+def with_knob(settings: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """A copy of ``settings`` with one knob changed."""
+    out = dict(settings)
+    out[name] = value
+    return out
+
+
+def candidates(incumbent: Mapping[str, Any], name: str, values: Sequence[Any]) -> list[dict[str, Any]]:
+    """One settings dict per candidate value that differs from the incumbent's."""
+    return [with_knob(incumbent, name, v) for v in values if v != incumbent.get(name)]
+
+
+def settings_hash(settings: Mapping[str, Any]) -> str:
+    """A short, stable content hash of a settings dict (trial identity)."""
+    return hashlib.sha256(json.dumps(dict(settings), sort_keys=True, default=str).encode()).hexdigest()[:12]

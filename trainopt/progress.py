@@ -1,0 +1,110 @@
+"""Live progress for long searches: stage, knob, trial, elapsed time and ETA.
+
+The search only emits events; how they are shown (a rich progress bar on a terminal,
+plain lines in a log, nothing in tests) is decided here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+__all__ = ["NullProgress", "ConsoleProgress", "format_duration"]
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s`` or ``42s``; ``?`` when unknown."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
+
+
+class NullProgress:
+    """Accepts every event and shows nothing."""
+
+    def stage(self, stage: str, detail: str) -> None: ...
+    def set_remaining(self, trials: int) -> None: ...
+    def trial_started(self, **info: Any) -> None: ...
+    def trial_finished(self, result: Any) -> None: ...
+    def trial_reused(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class ConsoleProgress(NullProgress):
+    """Progress on stderr: a live rich line on a terminal, one plain line per trial otherwise.
+
+    The ETA is the estimated number of remaining trials times the mean wall time of the
+    trials run so far in this session (reused trials cost nothing and are not counted).
+    """
+
+    def __init__(self, quiet: bool = False, stream=None):
+        from rich.console import Console
+
+        self.quiet = quiet
+        self.console = Console(file=stream or sys.stderr, highlight=False)
+        self.live = self.console.is_terminal and not quiet
+        self.start = time.monotonic()
+        self.walls: list[float] = []
+        self.remaining = 0
+        self.done = 0
+        self.reused = 0
+        self.current = ""
+        self.stage_name = ""
+        self._status = self.console.status("") if self.live else None
+        if self._status:
+            self._status.start()
+
+    def _eta(self) -> float | None:
+        if not self.walls:
+            return None
+        return self.remaining * (sum(self.walls) / len(self.walls))
+
+    def _line(self) -> str:
+        return (
+            f"[{self.stage_name}] {self.current}  trial {self.done + 1}"
+            f"  elapsed {format_duration(time.monotonic() - self.start)}"
+            f"  ETA {format_duration(self._eta())}"
+            + (f"  ({self.reused} reused)" if self.reused else "")
+        )
+
+    def stage(self, stage: str, detail: str) -> None:
+        self.stage_name = stage
+        if not self.quiet and not self.live:
+            self.console.print(f"== {stage}: {detail}")
+
+    def set_remaining(self, trials: int) -> None:
+        self.remaining = trials
+
+    def trial_started(self, **info: Any) -> None:
+        self.current = f"{info.get('knob')} {info.get('role')} {info.get('detail', '')}".strip()
+        if self._status:
+            self._status.update(self._line())
+
+    def trial_finished(self, result: Any) -> None:
+        self.done += 1
+        self.remaining = max(0, self.remaining - 1)
+        if result.wall_s:
+            self.walls.append(result.wall_s)
+        figure = f"{result.samples_per_s:,.1f} samples/s" if result.samples_per_s else (result.error or "")
+        line = f"  {self.current}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
+        if not self.quiet:
+            self.console.print(line, markup=False)
+        if self._status:
+            self._status.update(self._line())
+
+    def trial_reused(self) -> None:
+        self.reused += 1
+        self.remaining = max(0, self.remaining - 1)
+
+    def close(self) -> None:
+        if self._status:
+            self._status.stop()
+            self._status = None

@@ -1,0 +1,151 @@
+"""The one channel between the orchestrator and a trial process.
+
+The orchestrator writes a ``TrialRequest`` as JSON; the trial process writes exactly one
+``TrialResult`` as JSON (atomically) before it exits. Nothing is ever parsed from a
+child's stdout. Both carry ``SCHEMA_VERSION`` so that a result written by another
+version of trainopt is refused with a message instead of being misread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "FAILED_STATUSES",
+    "TrialRequest",
+    "TrialResult",
+    "SchemaVersionError",
+    "write_json_atomic",
+]
+
+SCHEMA_VERSION = 1
+
+# ok: measured; oom: allocator ran out of memory; timeout: killed at the time limit;
+# crashed: died by a signal or exit code without a result; nonfinite: NaN/inf loss;
+# error: an exception (usually in user code); not_applicable: a knob cannot apply here.
+STATUSES = ("ok", "oom", "timeout", "crashed", "nonfinite", "error", "not_applicable")
+FAILED_STATUSES = ("oom", "timeout", "crashed", "nonfinite", "error")
+
+
+class SchemaVersionError(ValueError):
+    """A JSON document written by an incompatible schema version."""
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON so that readers see either the old file or the whole new one.
+
+    A temporary file in the same folder is fsynced and renamed over the target, so a
+    crash or a full disk never leaves a half-written result behind.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=False, allow_nan=False, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _check_version(data: dict, what: str) -> None:
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{what} has schema version {version!r}, this trainopt reads version {SCHEMA_VERSION}"
+        )
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """What one trial process must do.
+
+    Attributes:
+        spec: The resolved spec (plain data).
+        source_dir: Folder that the spec's ``module:callable`` references resolve against.
+        settings: Every knob's value for this trial.
+        mode: ``measure`` (warm-up and timed windows) or ``probe`` (one full training
+            step, to learn whether a batch fits in memory).
+        result_path: Where the trial process writes its ``TrialResult``.
+        memory_gb: Address-space cap for the trial process, or None.
+        trial_id: Identifier used in logs.
+    """
+
+    spec: dict[str, Any]
+    source_dir: str
+    settings: dict[str, Any]
+    mode: str
+    result_path: str
+    memory_gb: float | None = None
+    trial_id: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrialRequest":
+        data = json.loads(text)
+        _check_version(data, "trial request")
+        return cls(**data)
+
+
+@dataclass
+class TrialResult:
+    """What one trial measured, or why it could not.
+
+    Throughputs are samples per second. ``windows`` holds every timed window's
+    throughput in order; ``steady_from`` is the index of the first window kept after
+    the warm-up cut. Memory is bytes.
+    """
+
+    status: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    mode: str = "measure"
+    samples_per_s: float | None = None
+    windows: list[float] = field(default_factory=list)
+    window_steps: int = 0
+    steady_from: int = 0
+    steady: bool = True
+    median: float | None = None
+    iqr: float | None = None
+    step_time_s: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    warmup_s: float | None = None
+    compile_s: float | None = None
+    first_step_s: float | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    steps: int = 0
+    dataset_len: int | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    wall_s: float | None = None
+    log_path: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+        _check_version(data, "trial result")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"

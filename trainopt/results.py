@@ -1,0 +1,248 @@
+"""The results document of a search and the files written from it.
+
+``results.json`` (schema below, versioned) is the single source every other output is
+made from: ``trials.csv``, ``best.yaml``, and the reports. Every file is written
+atomically, so a crash or a full disk never leaves a half-written one.
+
+Schema (``schema_version`` 1)::
+
+    kind: "trainopt-results"; schema_version: 1; trainopt_version; name; spec_fingerprint
+    complete: bool               # false while running or after an interruption
+    missing: [knob, ...]         # knobs not decided yet (partial results)
+    started_at, updated_at: ISO 8601; elapsed_s
+    diagnosis: {bottleneck: input|compute|unknown, data_wait_fraction, text}
+    search_order: [knob, ...]
+    baseline: {settings, samples_per_s, step_time_s, data_wait_fraction, peak_memory_bytes}
+    best: {settings, samples_per_s}
+    speedup, speedup_ci: [low, high] | null, final: {verdict, reason, n_pairs, ...}
+    decisions: [{knob, stage, from, to, verdict, reason, speedup, ci, n_pairs, screen_speedup,
+                 before_samples_per_s, after_samples_per_s, before_peak_memory_bytes,
+                 after_peak_memory_bytes, kept, extra}]
+    trials: [{id, key, stage, knob, role, tag, mode, settings, status, samples_per_s,
+              peak_memory_bytes, step_time_s, data_wait_fraction, windows, steady_from,
+              steady, compile_s, warmup_s, wall_s, error, log}]
+    batch_size: {start, limit, max_fitting, safe_max, margin, probes: [{size, fits, status,
+                 peak_memory_bytes}], lr_hint}
+    env: fingerprint of the machine (from the baseline trial)
+    measure: the measurement settings used; counts: {trials_run, trials_reused}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainopt import __version__
+from trainopt.protocol import write_json_atomic
+
+from trainopt.errors import UserError
+
+__all__ = [
+    "RESULTS_SCHEMA_VERSION",
+    "ResultsError",
+    "build_results",
+    "write_outputs",
+    "read_results",
+    "best_document",
+    "write_text_atomic",
+]
+
+RESULTS_SCHEMA_VERSION = 1
+
+
+class ResultsError(UserError):
+    """A results file that cannot be read (missing, corrupt or another schema version)."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def _trial_row(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    r = t["result"]
+    log = r.log_path
+    if log:
+        try:
+            log = os.path.relpath(log, out_dir)
+        except ValueError:
+            pass
+    return {
+        "id": t["id"],
+        "key": t["key"],
+        "stage": t["stage"],
+        "knob": t["knob"],
+        "role": t["role"],
+        "tag": t["tag"],
+        "mode": t["mode"],
+        "settings": r.settings,
+        "status": r.status,
+        "samples_per_s": r.samples_per_s,
+        "peak_memory_bytes": r.peak_memory_bytes,
+        "step_time_s": r.step_time_s,
+        "data_wait_fraction": r.data_wait_fraction,
+        "windows": r.windows,
+        "steady_from": r.steady_from,
+        "steady": r.steady,
+        "compile_s": r.compile_s,
+        "warmup_s": r.warmup_s,
+        "wall_s": r.wall_s,
+        "error": r.error,
+        "log": log,
+    }
+
+
+def build_results(search: Any, complete: bool) -> dict[str, Any]:
+    """The results document for the current state of a search (partial or complete)."""
+    base = search.baseline
+    final = search.final or {}
+    best_settings = final.get("settings") or (base.settings if base else search.spec.baseline)
+    kept = [d for d in search.decisions if d.kept]
+    if not final and base is not None:
+        # Partial results: the incumbent so far is the last kept change.
+        best_settings = dict(base.settings)
+        for d in kept:
+            best_settings[d.knob] = d.to_value
+            if "grad_accum" in d.extra:
+                best_settings["grad_accum"] = d.extra["grad_accum"]
+    missing = [k for k in (search.order or list(search.spec.search)) if k not in search.done_knobs]
+    if not complete and not final:
+        missing.append("final check")
+    decisions = []
+    for d in search.decisions:
+        row = d.to_dict()
+        row["from"] = row.pop("from_value")
+        row["to"] = row.pop("to_value")
+        decisions.append(row)
+    return {
+        "kind": "trainopt-results",
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "trainopt_version": __version__,
+        "name": search.spec.name,
+        "spec_fingerprint": search.spec.fingerprint(),
+        "complete": complete,
+        "missing": [] if complete else missing,
+        "started_at": dt.datetime.fromtimestamp(search.started).astimezone().isoformat(timespec="seconds"),
+        "updated_at": _now(),
+        "elapsed_s": time.time() - search.started,
+        "diagnosis": search.diagnosis,
+        "search_order": search.order,
+        "baseline": None
+        if base is None
+        else {
+            "settings": base.settings,
+            "status": base.status,
+            "samples_per_s": base.samples_per_s,
+            "step_time_s": base.step_time_s,
+            "data_wait_fraction": base.data_wait_fraction,
+            "peak_memory_bytes": base.peak_memory_bytes,
+            "error": base.error,
+        },
+        "best": {"settings": best_settings, "samples_per_s": final.get("samples_per_s")},
+        "speedup": final.get("speedup"),
+        "speedup_ci": final.get("ci"),
+        "final": {k: v for k, v in final.items() if k != "settings"},
+        "decisions": decisions,
+        "trials": [_trial_row(t, search.out_dir) for t in search.trials],
+        "batch_size": search.batch_info,
+        "env": base.env if base else {},
+        "measure": search.spec.measure.model_dump(mode="json"),
+        "counts": {"trials_run": search.ran, "trials_reused": search.reused},
+    }
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text via a temporary file and a rename (never a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[str, Any]:
+    """The ``best.yaml`` content: winning settings plus where and how they were measured."""
+    final = doc.get("final") or {}
+    return {
+        "schema_version": 1,
+        "kind": "trainopt-settings",
+        "device": spec_resolved.get("device", "auto"),
+        "settings": doc["best"]["settings"],
+        "provenance": {
+            "search": doc["name"],
+            "measured_at": doc["updated_at"],
+            "trainopt_version": doc["trainopt_version"],
+            "complete": doc["complete"],
+            "samples_per_s": doc["best"].get("samples_per_s"),
+            "baseline_samples_per_s": final.get("baseline_samples_per_s") or (doc.get("baseline") or {}).get("samples_per_s"),
+            "speedup": doc.get("speedup"),
+            "speedup_ci": doc.get("speedup_ci"),
+            "verdict": final.get("verdict"),
+            "kept": [
+                {"knob": d["knob"], "from": d["from"], "to": d["to"], "speedup": d["speedup"], "ci": d["ci"], "n_pairs": d["n_pairs"]}
+                for d in doc["decisions"]
+                if d["kept"]
+            ],
+            "lr_hint": (doc.get("batch_size") or {}).get("lr_hint"),
+            "env": doc.get("env", {}),
+        },
+    }
+
+
+def write_outputs(out_dir: Path, doc: dict[str, Any], spec_resolved: dict[str, Any]) -> None:
+    """Write results.json, trials.csv, best.yaml and spec.resolved.yaml into ``out_dir``."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    write_json_atomic(out_dir / "results.json", doc)
+    rows = []
+    for t in doc["trials"]:
+        row = {k: v for k, v in t.items() if k not in ("settings", "windows")}
+        row.update({f"set_{k}": v for k, v in t["settings"].items()})
+        row["n_windows"] = len(t["windows"])
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    write_text_atomic(out_dir / "trials.csv", frame.to_csv(index=False))
+    write_text_atomic(
+        out_dir / "best.yaml",
+        "# Winning settings found by `trainopt search`; load with trainopt.load_settings().\n"
+        + yaml.safe_dump(best_document(doc, spec_resolved), sort_keys=False),
+    )
+    write_text_atomic(out_dir / "spec.resolved.yaml", yaml.safe_dump(spec_resolved, sort_keys=False))
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """Read ``results.json`` from a file or an output folder, checking its schema version.
+
+    Raises:
+        ResultsError: Missing, unreadable, not a results file, or another schema version.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no results here; run `trainopt search SPEC --out {path.parent}` first") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot read results ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "trainopt-results":
+        raise ResultsError(f"{path}: not a trainopt results file")
+    version = doc.get("schema_version")
+    if version != RESULTS_SCHEMA_VERSION:
+        raise ResultsError(
+            f"{path}: results schema version {version!r}; this trainopt {__version__} reads version "
+            f"{RESULTS_SCHEMA_VERSION}. Re-run the search with --fresh, or use the trainopt that wrote it"
+        )
+    return doc

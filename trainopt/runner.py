@@ -1,0 +1,135 @@
+"""Run one trial in a fresh Python process and bring back its one result.
+
+The child runs in its own process session, so a time-out or an interrupt can stop it
+together with every DataLoader worker it started (one ``killpg``), leaving no orphans.
+Its stdout and stderr go to a per-trial log file; the result comes back only through the
+JSON file named in the request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Protocol
+
+from trainopt.protocol import SchemaVersionError, TrialRequest, TrialResult
+
+__all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "classify_exit"]
+
+
+class Runner(Protocol):
+    """Anything that turns a request into a result; swappable so tests can run in-process."""
+
+    def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult: ...
+
+
+def classify_exit(returncode: int) -> str:
+    """Human text for how a child ended without writing a result."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the trial process was killed by {name}"
+    return f"the trial process exited with code {returncode} without writing a result"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (the child and its loader workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class SubprocessRunner:
+    """Runs each trial as ``python -m trainopt.worker`` in a new process session.
+
+    Args:
+        python: Interpreter for the child (defaults to this one).
+        extra_env: Environment variables added for the child.
+    """
+
+    def __init__(self, python: str | None = None, extra_env: dict[str, str] | None = None):
+        self.python = python or sys.executable
+        self.extra_env = extra_env or {}
+
+    def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:
+        """Run one trial; always returns a result, classifying every way a child can fail."""
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        result_path = Path(request.result_path)
+        request_path = result_path.with_name(result_path.stem + ".request.json")
+        request_path.write_text(request.to_json())
+        # A stale result must never be mistaken for this trial's.
+        result_path.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        # The child must import this trainopt even when it is not installed (tests, checkouts).
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        start = time.perf_counter()
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [self.python, "-m", "trainopt.worker", str(request_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                returncode = None
+            except BaseException:
+                # Ctrl-C or SIGTERM in the orchestrator: stop the trial and its workers first.
+                _kill_group(proc)
+                proc.wait()
+                raise
+            finally:
+                _kill_group(proc)
+            if timed_out:
+                proc.wait()
+        wall = time.perf_counter() - start
+        result = self._read_result(result_path, request, returncode, timed_out, timeout_s)
+        result.wall_s = wall
+        result.log_path = str(log_path)
+        return result
+
+    @staticmethod
+    def _read_result(path: Path, request: TrialRequest, returncode, timed_out: bool, timeout_s: float) -> TrialResult:
+        base = dict(settings=request.settings, mode=request.mode)
+        if timed_out:
+            return TrialResult(status="timeout", error=f"the trial did not finish within {timeout_s:g} s and was stopped", **base)
+        try:
+            data = json.loads(path.read_text())
+            return TrialResult.from_dict(data)
+        except FileNotFoundError:
+            return TrialResult(status="crashed", error=classify_exit(returncode), **base)
+        except (json.JSONDecodeError, SchemaVersionError, TypeError) as exc:
+            return TrialResult(status="crashed", error=f"unreadable trial result: {exc}", **base)
+
+
+class InProcessRunner:
+    """Runs the worker code in this process, round-tripping the result through JSON.
+
+    For fast tests only: it has no isolation, time limit or memory cap.
+    """
+
+    def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:
+        from trainopt.worker import execute
+
+        start = time.perf_counter()
+        result = execute(request)
+        result.wall_s = time.perf_counter() - start
+        result.log_path = str(log_path)
+        return TrialResult.from_dict(json.loads(json.dumps(result.to_dict())))
