@@ -18,10 +18,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
+from trainopt.errors import UserError
+
 __all__ = ["WorkloadError", "resolve_reference", "check_kwargs", "is_reference"]
 
 
-class WorkloadError(Exception):
+class WorkloadError(UserError):
     """A workload that cannot be built as the spec describes it; the message says why."""
 
 
