@@ -169,14 +169,19 @@ def _summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any]) -> Path | None:
+def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any], report: bool = True) -> Path | None:
+    """Write the result files; the HTML report and plots too unless ``report`` is False.
+
+    Checkpoints during a search skip the report: plotting after every decision would cost
+    seconds each time, and ``trainopt report DIR`` rebuilds it from results.json anyway.
+    """
     from trainopt.results import write_outputs
 
     write_outputs(out, doc, resolved)
-    try:
-        from trainopt.report import write_report
-    except ImportError:
+    if not report:
         return None
+    from trainopt.report import write_report
+
     return write_report(out, doc)
 
 
@@ -199,11 +204,9 @@ def cmd_search(args) -> int:
             for old in ("results.json", "best.yaml", "speedups.csv", "report.html", "trials.csv"):
                 (folder.path / old).unlink(missing_ok=True)
         progress = ConsoleProgress(quiet=args.quiet)
-        last: dict[str, Any] = {}
 
         def checkpoint(doc):
-            last["doc"] = doc
-            _write_all(folder.path, doc, resolved)
+            _write_all(folder.path, doc, resolved, report=doc["complete"])
 
         search = Search(spec, folder.path, SubprocessRunner(), store, progress=progress, on_checkpoint=checkpoint)
         try:

@@ -1,0 +1,150 @@
+"""A real search end to end through the CLI: files, resume after kill -9 and Ctrl-C, the lock."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import tiny_spec_dict
+
+pytestmark = pytest.mark.integration
+
+SEARCH = {"batch_size": {"max": 32}, "amp": ["off", "bf16"], "pin_memory": [False, True]}
+FAST = {"pairs": 3, "max_pairs": 3}
+# Slow storage (real sleeps per sample) that two loader workers hide: an unambiguous win,
+# so an interrupted and resumed search must reach the same verdicts as an uninterrupted one.
+INPUT_BOUND = {
+    "data": {"name": "synthetic-tabular", "args": {"size": 512, "features": 16, "latency_ms": 1.0}},
+    "search": {"num_workers": [0, 2]},
+}
+
+
+def spec_file(tmp_path: Path, **overrides) -> Path:
+    data = tiny_spec_dict(**{"search": SEARCH, **overrides})
+    data["measure"].update(FAST)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def search_cmd(spec: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "trainopt", "search", str(spec), "--out", str(out), *extra]
+
+
+def finished_trials(out: Path) -> int:
+    db = out / "trials.db"
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            return con.execute("select count(*) from trials where state in ('COMPLETE', 'FAIL')").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def wait_for_trials(out: Path, n: int, proc: subprocess.Popen, limit: float = 240) -> None:
+    end = time.monotonic() + limit
+    while finished_trials(out) < n:
+        assert proc.poll() is None, "the search ended before it could be interrupted"
+        assert time.monotonic() < end, "no progress"
+        time.sleep(0.2)
+
+
+def test_search_writes_every_output_and_a_loadable_best_yaml(tmp_path, cli_env):
+    spec = spec_file(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "speedup" in proc.stdout and "results:" in proc.stdout
+    for name in ("results.json", "trials.csv", "best.yaml", "spec.resolved.yaml", "trials.db"):
+        assert (out / name).exists(), name
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["schema_version"] == 1 and doc["complete"]
+    for key in ("baseline", "best", "speedup", "speedup_ci", "decisions", "trials", "batch_size", "env"):
+        assert key in doc
+    assert doc["batch_size"]["probes"] and doc["batch_size"]["max_fitting"] == 32
+    pin = [d for d in doc["decisions"] if d["knob"] == "pin_memory"]
+    assert pin and pin[0]["verdict"] == "not_applicable"
+    for t in doc["trials"]:
+        assert t["status"] in ("ok", "not_applicable")
+        if t["log"]:
+            assert (out / t["log"]).exists()
+    import trainopt
+
+    s = trainopt.load_settings(out / "best.yaml", warn=False)
+    assert s.settings == doc["best"]["settings"]
+
+
+def test_kill_9_mid_search_then_resume_loses_and_duplicates_nothing(tmp_path, cli_env):
+    spec = spec_file(tmp_path, **INPUT_BOUND)
+    out = tmp_path / "out"
+    for stop_after in (2, 6):
+        proc = subprocess.Popen(search_cmd(spec, out, "--quiet"), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_trials(out, stop_after, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = finished_trials(out)
+    proc = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["counts"]["trials_reused"] >= before - 2  # at most the trials in flight were lost
+    keys = [t["key"] for t in doc["trials"]]
+    assert len(keys) == len(set(keys)), "a trial was duplicated"
+    assert doc["complete"]
+    (workers,) = [d for d in doc["decisions"] if d["knob"] == "num_workers"]
+    assert workers["verdict"] == "improved" and doc["best"]["settings"]["num_workers"] == 2
+    with sqlite3.connect(out / "trials.db") as con:
+        stale = con.execute("select count(*) from trial_user_attributes where key = 'stale'").fetchone()[0]
+    assert stale >= 1, "the trial in flight at kill -9 was not recognised as stale"
+
+
+def test_ctrl_c_stops_cleanly_with_130_and_resumes(tmp_path, cli_env):
+    spec = spec_file(tmp_path, **INPUT_BOUND)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(search_cmd(spec, out), env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_trials(out, 3, proc)
+    time.sleep(1.0)  # let the next trial start
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "resume" in err
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["complete"] is False and partial["missing"]
+    proc = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["counts"]["trials_reused"] >= 3
+
+
+def test_second_search_on_the_same_folder_is_refused(tmp_path, cli_env):
+    spec = spec_file(tmp_path)
+    out = tmp_path / "out"
+    first = subprocess.Popen(search_cmd(spec, out, "--quiet"), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_trials(out, 1, first)
+        second = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=60)
+        assert second.returncode == 2
+        assert "another trainopt search" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+    assert first.returncode == 143
+
+
+def test_changed_spec_needs_fresh(tmp_path, cli_env):
+    spec = spec_file(tmp_path, search={"amp": ["off"]})
+    out = tmp_path / "out"
+    assert subprocess.run(search_cmd(spec, out), capture_output=True, env=cli_env, timeout=300).returncode == 0
+    spec.write_text(yaml.safe_dump(tiny_spec_dict(search={"amp": ["off"]}, seed=5), sort_keys=False))
+    proc = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=300)
+    assert proc.returncode == 2 and "--fresh" in proc.stderr
+    proc = subprocess.run(search_cmd(spec, out, "--fresh"), capture_output=True, text=True, env=cli_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,0 +1,415 @@
+"""The report: ranked rows, CSV dtypes, figures and one self-contained, escaped HTML page."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.conftest import FIXTURES, ROOT
+from trainopt.report import speedup_rows, write_report, write_speedups_csv
+from trainopt.report import plots
+from trainopt.report.html import fmt_bytes, fmt_duration, fmt_percent, fmt_rate, fmt_speedup
+from trainopt.report.rows import COLUMNS, FLOAT_COLUMNS, read_speedups_csv
+
+TINY = FIXTURES / "results-tiny"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+XSS = "<script>alert(1)</script>"
+
+
+def tiny_doc():
+    return json.loads((TINY / "results.json").read_text())
+
+
+def _decision(knob, stage, frm, to, verdict, reason, **extra_fields):
+    d = {
+        "knob": knob, "stage": stage, "from": frm, "to": to, "verdict": verdict, "reason": reason,
+        "speedup": None, "ci": None, "n_pairs": 0, "coverage": None, "screen_speedup": None,
+        "before_samples_per_s": None, "after_samples_per_s": None, "before_peak_memory_bytes": None,
+        "after_peak_memory_bytes": None, "kept": False, "extra": {},
+    }
+    d.update(extra_fields)
+    return d
+
+
+def _trial(doc, knob, stage, settings_update, status, error, log):
+    base = doc["baseline"]["settings"] if doc.get("baseline") else {}
+    return {
+        "id": len(doc["trials"]), "key": f"screen/{knob}/candidate/x", "stage": stage, "knob": knob,
+        "role": "screen", "tag": "candidate", "mode": "measure", "settings": {**base, **settings_update},
+        "status": status, "samples_per_s": None, "peak_memory_bytes": None, "step_time_s": None,
+        "data_wait_fraction": None, "windows": [], "steady_from": 0, "steady": True, "compile_s": None,
+        "warmup_s": None, "wall_s": 1.0, "error": error, "log": log,
+    }
+
+
+def _unchanged(doc):
+    base = doc["baseline"]["samples_per_s"]
+    doc["best"] = {"settings": doc["baseline"]["settings"], "samples_per_s": base}
+    doc["speedup"], doc["speedup_ci"] = 1.0, None
+    doc["final"] = {"verdict": "unchanged", "reason": "no change was confirmed as an improvement; the baseline stays",
+                    "speedup": 1.0, "ci": None, "n_pairs": 0, "samples_per_s": base, "baseline_samples_per_s": base}
+    doc["trials"] = [t for t in doc["trials"] if t["stage"] != "final"]
+    return doc
+
+
+def failures_doc():
+    """Every candidate failed: out of memory, a crash, an error; one probe ran out of memory."""
+    doc = tiny_doc()
+    doc["decisions"] = [
+        _decision("batch_size", "batch", 16, 256, "oom", "CUDA out of memory. Tried to allocate 2.00 GiB", extra={"grad_accum": 1}),
+        _decision("amp", "precision", "off", "fp16", "crashed", "killed by signal 9"),
+        _decision("num_workers", "input", 0, 4, "error", "RuntimeError: DataLoader worker exited unexpectedly"),
+    ]
+    doc["trials"] = [t for t in doc["trials"] if t["stage"] == "baseline" or t["role"] == "probe"]
+    doc["trials"].append(_trial(doc, "batch_size", "batch", {"batch_size": 256}, "oom", "CUDA out of memory", "logs/0009-screen-batch_size.log"))
+    doc["trials"].append(_trial(doc, "amp", "precision", {"amp": "fp16"}, "crashed", "killed by signal 9", "logs/0010-screen-amp.log"))
+    doc["trials"].append(_trial(doc, "num_workers", "input", {"num_workers": 4}, "error", "RuntimeError: worker", "logs/0011-screen-num_workers.log"))
+    doc["batch_size"]["probes"].append({"size": 256, "fits": False, "status": "oom", "peak_memory_bytes": None})
+    doc["batch_size"]["probes"].append({"size": 192, "fits": False, "status": "oom", "peak_memory_bytes": None})
+    doc["batch_size"]["lr_hint"] = None
+    doc["search_order"] = ["batch_size", "amp", "num_workers"]
+    return _unchanged(doc)
+
+
+def no_kept_doc():
+    doc = tiny_doc()
+    for d in doc["decisions"]:
+        if d["kept"]:
+            d["kept"], d["verdict"] = False, "equivalent"
+            d["reason"] = "1.010x [0.980, 1.040] over 4 pairs"
+            d["speedup"], d["ci"], d["n_pairs"] = 1.01, [0.98, 1.04], 4
+    doc["decisions"].append(
+        _decision("channels_last", "layout", False, True, "regressed", "0.900x [0.870, 0.930] over 3 pairs",
+                  speedup=0.9, ci=[0.87, 0.93], n_pairs=3, screen_speedup=1.05, before_samples_per_s=13000.0, after_samples_per_s=11700.0)
+    )
+    doc["batch_size"]["lr_hint"] = None
+    return _unchanged(doc)
+
+
+def one_knob_doc():
+    doc = tiny_doc()
+    doc["search_order"] = ["amp"]
+    doc["decisions"] = [d for d in doc["decisions"] if d["knob"] == "amp"]
+    doc["trials"] = [t for t in doc["trials"] if t["knob"] in ("baseline", "amp")]
+    doc["batch_size"] = {}
+    return _unchanged(doc)
+
+
+def no_batch_doc():
+    doc = tiny_doc()
+    doc["search_order"] = ["pin_memory", "amp"]
+    doc["decisions"] = [d for d in doc["decisions"] if d["knob"] != "batch_size"]
+    doc["trials"] = [t for t in doc["trials"] if t["stage"] != "batch"]
+    doc["batch_size"] = {}
+    return _unchanged(doc)
+
+
+def failed_baseline_doc():
+    doc = tiny_doc()
+    base = doc["trials"][0]
+    base.update(status="error", samples_per_s=None, windows=[], error="ModuleNotFoundError: No module named 'mymodel'")
+    doc.update(
+        complete=False, missing=["pin_memory", "batch_size", "amp", "final check"], diagnosis={}, search_order=[],
+        decisions=[], trials=[base], batch_size={}, env={}, speedup=None, speedup_ci=None, final={},
+    )
+    doc["baseline"].update(status="error", samples_per_s=None, step_time_s=None, data_wait_fraction=None,
+                           peak_memory_bytes=None, error=base["error"])
+    doc["best"] = {"settings": doc["baseline"]["settings"], "samples_per_s": None}
+    return doc
+
+
+def partial_doc():
+    doc = tiny_doc()
+    doc["complete"] = False
+    doc["missing"] = ["amp", "final check"]
+    doc["decisions"] = [d for d in doc["decisions"] if d["knob"] != "amp"]
+    doc["trials"] = [t for t in doc["trials"] if t["stage"] not in ("precision", "final")]
+    doc.update(speedup=None, speedup_ci=None, final={})
+    doc["best"]["samples_per_s"] = None
+    return doc
+
+
+def compile_doc():
+    doc = tiny_doc()
+    doc["decisions"].append(
+        _decision("compile", "compile", "off", "default", "inconclusive",
+                  "1.200x [1.100, 1.300] over 3 pairs; compile takes 42.0 s and repays it only after 2,000 steps, beyond run_length_steps 1,000",
+                  speedup=1.2, ci=[1.1, 1.3], n_pairs=3,
+                  extra={"compile_s": 42.0, "break_even_steps": 2000.0, "run_length_steps": 1000})
+    )
+    doc["decisions"].append(
+        _decision("compile", "compile", "off", "max-autotune", "inconclusive", "never repays",
+                  speedup=1.0, ci=[0.97, 1.02], n_pairs=3,
+                  extra={"compile_s": 300.0, "break_even_steps": None, "run_length_steps": 1000})
+    )
+    return doc
+
+
+VARIANTS = {
+    "fixture": (tiny_doc, ["Summary", "1.825×", "batch_size", "complete", "Learning rate"]),
+    "failures only": (failures_doc, ["out of memory", "crashed", "CUDA out of memory", "logs/0009-screen-batch_size.log", "No change was confirmed as faster", "Out of memory from batch size 192"]),
+    "no kept change": (no_kept_doc, ["No change was confirmed as faster", "slower", "no measurable difference", "nothing to accumulate"]),
+    "one knob": (one_knob_doc, ["amp", "screened out", "No change was confirmed as faster"]),
+    "no batch stage": (no_batch_doc, ["pin_memory", "not applicable", "amp"]),
+    "failed baseline": (failed_baseline_doc, ["The baseline trial failed (error)", "ModuleNotFoundError", "logs/0000-baseline-baseline.log", "Partial results", "No decisions yet"]),
+    "partial": (partial_doc, ["Partial results", "Missing: amp, final check", "the final check has not run", "≈ 1.863×"]),
+    "compile": (compile_doc, ["Compilation", "42.0 s", "2,000 steps", "never", "5 m 00 s"]),
+}
+
+
+# ---- rows ------------------------------------------------------------------------------
+
+
+def test_rows_rank_kept_first_then_the_rest_with_reasons():
+    rows = speedup_rows(tiny_doc())
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5]
+    assert list(rows[0]) == list(COLUMNS)
+    assert rows[0]["kept"] and rows[0]["knob"] == "batch_size" and rows[0]["to"] == "64"
+    assert rows[0]["speedup"] == pytest.approx(1.8626391496524208)
+    assert (rows[0]["ci_low"], rows[0]["ci_high"]) == pytest.approx((1.1124096617883947, 3.1155606546197))
+    assert rows[0]["pairs"] == 3
+    # Screened-out rows by screening speedup, fastest first; not_applicable last.
+    assert [(r["knob"], r["to"], r["verdict"]) for r in rows[1:]] == [
+        ("batch_size", "128", "screened-out"),
+        ("batch_size", "32", "screened-out"),
+        ("amp", "bf16", "screened-out"),
+        ("pin_memory", "true", "not_applicable"),
+    ]
+    assert all(r["reason"] for r in rows)
+    assert rows[4]["reason"].startswith("pin_memory applies to CUDA devices only")
+
+
+def test_cumulative_speedup_is_the_product_of_kept_speedups():
+    doc = tiny_doc()
+    doc["decisions"].append(
+        _decision("amp", "precision", "off", "bf16", "improved", "1.5x", speedup=1.5, ci=[1.4, 1.6], n_pairs=3, kept=True)
+    )
+    doc["decisions"].append(
+        _decision("num_workers", "input", 0, 2, "improved", "1.1x", speedup=1.1, ci=[1.05, 1.2], n_pairs=3, kept=True)
+    )
+    rows = speedup_rows(doc)
+    kept = [r for r in rows if r["kept"]]
+    assert [r["knob"] for r in kept] == ["batch_size", "amp", "num_workers"]
+    assert [r["rank"] for r in kept] == [1, 2, 3]
+    assert kept[0]["cumulative_speedup"] == pytest.approx(1.8626391496524208)
+    assert kept[1]["cumulative_speedup"] == pytest.approx(1.8626391496524208 * 1.5)
+    assert kept[2]["cumulative_speedup"] == pytest.approx(1.8626391496524208 * 1.5 * 1.1)
+    assert all(r["cumulative_speedup"] is None for r in rows if not r["kept"])
+
+
+def test_rest_follow_the_verdict_order():
+    rows = speedup_rows(failures_doc()) + speedup_rows(no_kept_doc())
+    verdicts = [r["verdict"] for r in speedup_rows(no_kept_doc())]
+    assert verdicts == ["regressed", "equivalent", "screened-out", "screened-out", "screened-out", "not_applicable"]
+    assert all(r["cumulative_speedup"] is None for r in rows)
+
+
+def test_rows_of_a_doc_without_decisions_are_empty():
+    assert speedup_rows(failed_baseline_doc()) == []
+
+
+# ---- CSV -------------------------------------------------------------------------------
+
+
+def test_csv_dtypes_floats_bool_and_string_values(tmp_path):
+    path = write_speedups_csv(tmp_path / "speedups.csv", speedup_rows(tiny_doc()))
+    frame = pd.read_csv(path)
+    assert list(frame.columns) == list(COLUMNS)
+    for name in FLOAT_COLUMNS:
+        assert frame[name].dtype == "float64", name
+    assert frame["kept"].dtype == bool
+    assert frame["rank"].dtype == "int64" and frame["pairs"].dtype == "int64"
+    # Mixed knob values ("off", 16, false) come back as the text written in best.yaml.
+    assert pd.api.types.is_string_dtype(frame["from"]) and pd.api.types.is_string_dtype(frame["to"])
+    assert all(isinstance(v, str) for v in frame["from"]) and all(isinstance(v, str) for v in frame["to"])
+    assert set(frame["to"]) == {"64", "128", "32", "bf16", "true"}
+    assert frame.loc[0, "cumulative_speedup"] == pytest.approx(1.8626391496524208)
+    assert frame["cumulative_speedup"].isna().sum() == 4
+
+
+def test_read_speedups_csv_keeps_values_as_text_even_when_they_look_like_numbers(tmp_path):
+    doc = tiny_doc()
+    doc["decisions"] = [d for d in doc["decisions"] if d["knob"] == "batch_size"]
+    doc["decisions"].append(_decision("prefetch_factor", "input", None, 4, "equivalent", "same"))
+    path = write_speedups_csv(tmp_path / "speedups.csv", speedup_rows(doc))
+    frame = read_speedups_csv(path)
+    assert sorted(frame["from"]) == ["16", "16", "16", "null"]
+    assert pd.api.types.is_string_dtype(frame["to"]) and "64" in set(frame["to"])
+    assert frame["speedup"].dtype == "float64" and frame["kept"].dtype == bool
+
+
+def test_empty_csv_still_has_the_header(tmp_path):
+    path = write_speedups_csv(tmp_path / "speedups.csv", [])
+    assert path.read_text().strip() == ",".join(COLUMNS)
+
+
+# ---- formatting ------------------------------------------------------------------------
+
+
+def test_number_formats():
+    assert fmt_rate(12955.58) == "12,956 samples/s"
+    assert fmt_rate(12.3456) == "12.3 samples/s"
+    assert fmt_rate(None) == "—"
+    assert fmt_speedup(1.23449) == "1.234×"
+    assert fmt_percent(0.4266) == "43%" and fmt_percent(0.052) == "5.2%"
+    assert fmt_bytes(384126976) == "366.3 MiB"
+    assert fmt_bytes(12 * 1024**3) == "12.00 GiB"
+    assert fmt_duration(12.34) == "12.3 s" and fmt_duration(130.4) == "2 m 10 s" and fmt_duration(3900) == "1 h 05 m"
+
+
+# ---- plots -----------------------------------------------------------------------------
+
+
+def _assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert len(data) > 5000
+
+
+@pytest.mark.parametrize("name", list(plots.PLOTS))
+def test_every_plot_of_the_fixture_is_a_png(tmp_path, name):
+    path = plots.PLOTS[name](tiny_doc(), tmp_path / name)
+    assert path == tmp_path / name
+    _assert_png(path)
+
+
+def test_plots_return_none_when_nothing_to_draw(tmp_path):
+    assert plots.batch_curve(no_batch_doc(), tmp_path / "b.png") is None
+    assert plots.waterfall(no_kept_doc(), tmp_path / "w.png") is None
+    assert plots.speedup_bars(failed_baseline_doc(), tmp_path / "s.png") is None
+    assert plots.window_traces(failed_baseline_doc(), tmp_path / "t.png") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plots_of_failures_mark_the_out_of_memory_boundary(tmp_path):
+    doc = failures_doc()
+    _assert_png(plots.speedup_bars(doc, tmp_path / "s.png"))
+    _assert_png(plots.batch_curve(doc, tmp_path / "b.png"))
+
+
+def test_importing_the_report_package_stays_cheap():
+    code = "import sys, trainopt.report; print(sorted(m for m in ('matplotlib', 'pandas', 'jinja2') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ---- HTML ------------------------------------------------------------------------------
+
+
+def _assert_self_contained(html):
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert "<link" not in html.lower()
+    assert "@import" not in html and "url(" not in html
+    for src in re.findall(r"""src\s*=\s*["']([^"']*)""", html):
+        assert src.startswith("data:image/png;base64,")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_kind_of_results_renders(tmp_path, variant):
+    make, words = VARIANTS[variant]
+    report = write_report(tmp_path, make())
+    assert report == tmp_path / "report.html"
+    html = report.read_text(encoding="utf-8")
+    _assert_self_contained(html)
+    for word in words:
+        assert word in html, word
+    assert (tmp_path / "speedups.csv").is_file()
+    assert not list(tmp_path.glob(".*.tmp")) and not list((tmp_path / "plots").glob(".*.tmp"))
+
+
+def test_fixture_report_shows_every_section(tmp_path):
+    html = write_report(tmp_path, tiny_doc()).read_text(encoding="utf-8")
+    for section in ("summary", "diagnosis", "ranking", "waterfall", "knobs", "batch", "settings", "environment"):
+        assert f'<section id="{section}">' in html
+    assert 'id="partial-banner"' not in html
+    assert "12,157 <span" in html and "23,799 <span" in html
+    assert "[1.415×, 2.051×] over 3 pairs" in html
+    assert "2 m 10 s" in html and "Intel(R) Xeon(R) Processor (cpu)" in html
+    assert "input-bound: 43% of each step waits for the DataLoader" in html
+    assert html.count("data:image/png;base64,") == 4
+    assert 'class="sortable" id="ranked"' in html
+    assert "batch_size: 64" in html  # the YAML
+    assert "torch.set_num_threads(1)" in html and "batch_size=64," in html  # the snippet
+    assert "avx512_bf16" in html  # the environment
+    assert "366.0 MiB" in html  # a probe's peak memory
+
+
+def test_failure_logs_are_relative_links(tmp_path):
+    html = write_report(tmp_path, failures_doc()).read_text(encoding="utf-8")
+    assert '<a href="logs/0009-screen-batch_size.log">' in html
+    assert '<a href="logs/0010-screen-amp.log">' in html
+
+
+def test_a_log_path_with_a_scheme_is_not_a_link(tmp_path):
+    doc = failures_doc()
+    doc["trials"][-1]["log"] = "javascript:alert(1)"
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert 'href="javascript' not in html
+    assert "<code>javascript:alert(1)</code>" in html
+
+
+def test_partial_results_say_so_at_the_top(tmp_path):
+    html = write_report(tmp_path, partial_doc()).read_text(encoding="utf-8")
+    banner = html.index('id="partial-banner"')
+    assert banner < html.index('<section id="summary">')
+    assert "Missing: amp, final check." in html
+    assert "(best confirmed so far)" in html
+
+
+def test_user_text_is_escaped(tmp_path):
+    doc = failures_doc()
+    doc["name"] = XSS
+    doc["decisions"][0]["reason"] = f"CUDA out of memory {XSS}"
+    doc["decisions"][1]["to"] = XSS
+    doc["trials"][-1]["error"] = XSS
+    doc["trials"][-1]["log"] = f"logs/{XSS}.log"
+    doc["diagnosis"]["text"] = XSS
+    doc["env"]["hostname"] = XSS
+    doc["batch_size"]["lr_hint"] = XSS
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert XSS not in html
+    assert "<script>alert" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    # The only script is the page's own table sorter.
+    assert html.count("<script") == 1
+    csv = pd.read_csv(tmp_path / "speedups.csv")
+    assert XSS in set(csv["to"])
+
+
+def test_a_figure_with_nothing_to_draw_is_removed_from_an_earlier_report(tmp_path):
+    write_report(tmp_path, tiny_doc())
+    assert (tmp_path / "plots" / "batch_size.png").is_file()
+    write_report(tmp_path, no_batch_doc())
+    assert not (tmp_path / "plots" / "batch_size.png").exists()
+    assert (tmp_path / "plots" / "speedups.png").is_file()
+
+
+def test_report_command_end_to_end(tmp_path, cli_env):
+    folder = tmp_path / "run"
+    shutil.copytree(TINY, folder)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainopt", "report", str(folder)], capture_output=True, text=True, env=cli_env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"report: {folder / 'report.html'}" in proc.stdout
+    assert (folder / "report.html").is_file() and (folder / "speedups.csv").is_file()
+    assert sorted(p.name for p in (folder / "plots").iterdir()) == sorted(plots.PLOTS)
+
+
+def test_report_command_on_partial_results_warns(tmp_path, capsys):
+    from trainopt.cli import main
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(partial_doc()))
+    assert main(["report", str(folder)]) == 0
+    err = capsys.readouterr().err
+    assert "partial results (missing: amp, final check)" in err
+    assert "Partial results" in (folder / "report.html").read_text(encoding="utf-8")

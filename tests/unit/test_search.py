@@ -1,0 +1,179 @@
+"""The search's decisions, driven by a fake runner with a known throughput model.
+
+The fake runner answers like real trials would (ok / oom / failure statuses, windows,
+peak memory) from a formula over the settings plus seeded noise, so each rule of the
+search — screen, confirm with fresh pairs, adopt, batch back-off, compile break-even,
+resume from the store — is checked in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tiny_spec_dict
+from trainopt.protocol import TrialRequest, TrialResult
+from trainopt.search import Search, SearchFailed
+from trainopt.spec import spec_from_dict
+from trainopt.store import SpecChangedError, TrialStore
+
+
+class FakeRunner:
+    """Throughput = base x effects(settings) x lognormal noise; OOM above ``fits_up_to``."""
+
+    def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0):
+        self.effects = effects or {}
+        self.fits_up_to = fits_up_to
+        self.noise = noise
+        self.fail = fail or {}
+        self.compile_s = compile_s
+        self.rng = random.Random(seed)
+        self.requests: list[TrialRequest] = []
+
+    def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:
+        self.requests.append(request)
+        s = request.settings
+        env = {"device_type": "cpu", "device_name": "fake", "torch": "x"}
+        if s["batch_size"] > self.fits_up_to:
+            return TrialResult(status="oom", settings=s, mode=request.mode, error="fake OOM", env=env)
+        for (knob, value), status in self.fail.items():
+            if s.get(knob) == value:
+                return TrialResult(status=status, settings=s, mode=request.mode, error=f"fake {status}", env=env)
+        if request.mode == "probe":
+            return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=s["batch_size"] * 2**20, env=env, dataset_len=4096)
+        speed = 1000.0
+        for (knob, value), factor in self.effects.items():
+            if s.get(knob) == value:
+                speed *= factor
+        speed *= math.exp(self.rng.gauss(0, self.noise))
+        return TrialResult(
+            status="ok", settings=s, mode="measure", samples_per_s=speed, windows=[speed] * 4,
+            step_time_s=s["batch_size"] / speed, data_wait_fraction=0.05, peak_memory_bytes=s["batch_size"] * 2**20,
+            compile_s=self.compile_s if s["compile"] != "off" else None, env=env, dataset_len=4096,
+        )
+
+
+def make_search(tmp_path, runner, search, **measure):
+    spec = spec_from_dict(tiny_spec_dict(search=search, measure={"pairs": 4, "max_pairs": 8, **measure}), "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    return Search(spec, tmp_path, runner, store), spec
+
+
+def by_knob(doc, knob):
+    return [d for d in doc["decisions"] if d["knob"] == knob]
+
+
+def test_clear_win_is_confirmed_and_adopted_and_a_loss_is_not(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("amp", "fp16"): 0.7})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16", "fp16"]})
+    doc = search.run()
+    amp = {d["to"]: d for d in by_knob(doc, "amp")}
+    assert amp["bf16"]["verdict"] == "improved" and amp["bf16"]["kept"]
+    assert amp["bf16"]["ci"][0] > 1.03 and amp["bf16"]["n_pairs"] >= 4
+    assert amp["fp16"]["verdict"] == "screened-out" and not amp["fp16"]["kept"]
+    assert doc["best"]["settings"]["amp"] == "bf16"
+    assert doc["final"]["verdict"] == "improved" and doc["speedup"] == pytest.approx(1.5, rel=0.05)
+    assert doc["complete"]
+
+
+def test_confirmation_uses_fresh_trials_not_the_screen(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    doc = search.run()
+    roles = [t["role"] for t in doc["trials"] if t["knob"] == "amp"]
+    assert roles.count("screen") == 2  # incumbent + candidate
+    assert roles.count("confirm") == 2 * by_knob(doc, "amp")[0]["n_pairs"]
+    keys = [t["key"] for t in doc["trials"]]
+    assert len(keys) == len(set(keys))
+
+
+def test_no_effect_is_never_adopted(tmp_path):
+    runner = FakeRunner({}, noise=0.03, seed=3)
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1, 2]})
+    doc = search.run()
+    assert not any(d["kept"] for d in doc["decisions"])
+    assert doc["final"]["verdict"] == "unchanged" and doc["speedup"] == 1.0
+
+
+def test_failed_candidate_gets_its_status_as_verdict(tmp_path):
+    runner = FakeRunner({("amp", "fp16"): 2.0}, fail={("amp", "fp16"): "nonfinite"})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "fp16"]})
+    doc = search.run()
+    (d,) = by_knob(doc, "amp")
+    assert d["verdict"] == "nonfinite" and not d["kept"]
+    assert doc["best"]["settings"]["amp"] == "off"
+
+
+def test_not_applicable_is_recorded_without_running(tmp_path):
+    runner = FakeRunner()
+    search, _ = make_search(tmp_path, runner, {"pin_memory": [False, True], "cudnn_benchmark": [True]})
+    doc = search.run()
+    assert {d["verdict"] for d in doc["decisions"]} == {"not_applicable"}
+    assert all(not r.settings["pin_memory"] and not r.settings["cudnn_benchmark"] for r in runner.requests)
+
+
+def test_batch_stage_backs_off_from_oom_and_adopts_the_fastest_not_the_largest(tmp_path):
+    # 64 is fastest; 128 and the largest fitting size are slower (as on CPUs with cache pressure).
+    runner = FakeRunner({("batch_size", 64): 1.4, ("batch_size", 128): 1.1}, fits_up_to=300)
+    search, _ = make_search(tmp_path, runner, {"batch_size": {"max": 1024}})
+    doc = search.run()
+    b = doc["batch_size"]
+    assert [p["size"] for p in b["probes"]] == [16, 32, 64, 128, 256, 512, 384, 320, 288, 304, 296]
+    assert b["max_fitting"] == 296 and b["safe_max"] == 264
+    assert [p["fits"] for p in b["probes"]][-2:] == [False, True]
+    assert doc["best"]["settings"]["batch_size"] == 64
+    assert "learning rate" in b["lr_hint"]
+
+
+def test_effective_batch_is_kept_with_grad_accum(tmp_path):
+    runner = FakeRunner({("batch_size", 64): 1.4})
+    spec = tiny_spec_dict(search={"batch_size": {"max": 128}}, limits={"effective_batch": 128},
+                          baseline={"batch_size": 16, "grad_accum": 8}, measure={"pairs": 4, "max_pairs": 8})
+    spec = spec_from_dict(spec, "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'x.db'}", spec.name, spec.fingerprint())
+    doc = Search(spec, tmp_path, runner, store).run()
+    best = doc["best"]["settings"]
+    assert best["batch_size"] * best["grad_accum"] == 128
+    assert all(r.settings["batch_size"] * r.settings["grad_accum"] == 128 for r in runner.requests if r.mode == "measure")
+
+
+def test_compile_must_repay_its_compile_time_within_the_run_length(tmp_path):
+    runner = FakeRunner({("compile", "default"): 1.3}, compile_s=5000.0)
+    spec = tiny_spec_dict(search={"compile": ["off", "default"]}, run_length_steps=10, measure={"pairs": 4, "max_pairs": 8})
+    spec = spec_from_dict(spec, "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'c.db'}", spec.name, spec.fingerprint())
+    doc = Search(spec, tmp_path, runner, store).run()
+    (d,) = by_knob(doc, "compile")
+    assert not d["kept"] and "repays" in d["reason"]
+    assert d["extra"]["break_even_steps"] > 10
+
+
+def test_baseline_failure_stops_the_search(tmp_path):
+    runner = FakeRunner(fail={("batch_size", 16): "error"})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    with pytest.raises(SearchFailed, match="baseline"):
+        search.run()
+
+
+def test_resume_reuses_every_finished_trial(tmp_path):
+    effects = {("amp", "bf16"): 1.5, ("num_workers", 1): 1.2}
+    first = FakeRunner(effects)
+    search, spec = make_search(tmp_path, first, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    doc1 = search.run()
+    again = FakeRunner(effects)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    doc2 = Search(spec, tmp_path, again, store).run()
+    assert again.requests == []
+    assert [d["verdict"] for d in doc2["decisions"]] == [d["verdict"] for d in doc1["decisions"]]
+    assert doc2["counts"]["trials_reused"] == len(doc1["trials"])
+
+
+def test_a_changed_spec_is_refused_by_the_store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    TrialStore(url, "tiny", "aaaa")
+    with pytest.raises(SpecChangedError, match="--fresh"):
+        TrialStore(url, "tiny", "bbbb")
+    assert TrialStore(url, "tiny", "bbbb", fresh=True).records() == []
