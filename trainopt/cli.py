@@ -41,7 +41,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
 
 def _load(spec_path: str):
     from trainopt.spec import load_spec
-    from trainopt.workloads.reference import resolve_reference
+    from trainopt.reference import resolve_reference
 
     spec = load_spec(spec_path)
     # Import user factories once here, so a bad reference is a bad-input error (exit 2)
@@ -107,7 +107,7 @@ def cmd_measure(args) -> int:
     from trainopt.results import write_text_atomic
     from trainopt.runner import SubprocessRunner
     from trainopt.spec import apply_overrides, parse_set
-    from trainopt.workspace import OutputFolder
+    from trainopt.workspace import OutputFolder, default_folder
 
     spec = _load(args.spec)
     overrides = parse_set(args.set or [])
@@ -118,7 +118,7 @@ def cmd_measure(args) -> int:
             f"--set: batch_size {settings['batch_size']} x grad_accum {settings['grad_accum']} != "
             f"limits.effective_batch {eff}; set grad_accum={max(1, eff // settings['batch_size'])} too"
         )
-    out = Path(args.out) if args.out else Path("runs") / spec.name / "measure" / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else default_folder(spec.name, "measure", time.strftime("%Y%m%d-%H%M%S"))
     with OutputFolder(out) as folder:
         write_text_atomic(folder.path / "spec.resolved.yaml", yaml.safe_dump(spec.resolved(), sort_keys=False))
         request = TrialRequest(
@@ -190,10 +190,10 @@ def cmd_search(args) -> int:
     from trainopt.runner import SubprocessRunner
     from trainopt.search import Search, SearchFailed
     from trainopt.store import TrialStore, default_storage_url
-    from trainopt.workspace import OutputFolder
+    from trainopt.workspace import OutputFolder, default_folder
 
     spec = _load(args.spec)
-    out = Path(args.out) if args.out else Path("runs") / spec.name
+    out = Path(args.out) if args.out else default_folder(spec.name)
     resolved = spec.resolved()
     with OutputFolder(out) as folder:
         url = args.storage or default_storage_url(folder.path)

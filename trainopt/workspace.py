@@ -5,15 +5,26 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 from pathlib import Path
 
 from trainopt.errors import UserError
 
-__all__ = ["OutputFolder", "OutputFolderError"]
+__all__ = ["OutputFolder", "OutputFolderError", "default_folder"]
 
 
 class OutputFolderError(UserError):
     """The output folder cannot be used (not writable, or locked by another search)."""
+
+
+def default_folder(name: str, *parts: str) -> Path:
+    """``runs/<name>/...`` with the spec's name made safe for a path.
+
+    The name is the user's text: slashes, ``..`` or a leading dot must never steer where
+    trainopt writes, so everything outside ``[A-Za-z0-9._-]`` becomes ``-``.
+    """
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-") or "search"
+    return Path("runs", slug, *parts)
 
 
 class OutputFolder:

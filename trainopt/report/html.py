@@ -277,7 +277,7 @@ def _compile_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "mode": format_value(d.get("to")),
                 "compile_s": fmt_duration(extra.get("compile_s")),
                 "break_even": _fmt_steps(extra.get("break_even_steps")),
-                "run_length": _fmt_steps(extra.get("run_length_steps")),
+                "run_length": _fmt_steps(extra.get("run_length_steps")) if extra.get("run_length_steps") is not None else "—",
                 "verdict": d.get("verdict") or "",
                 "verdict_text": VERDICT_TEXT.get(d.get("verdict"), d.get("verdict") or ""),
                 "pays_off": _num(extra.get("break_even_steps")) is not None

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from trainopt.workloads.data import BUILTIN_DATA, build_dataset
 from trainopt.workloads.models import BUILTIN_MODELS
-from trainopt.workloads.reference import WorkloadError, check_kwargs, is_reference, resolve_reference
+from trainopt.reference import WorkloadError, check_kwargs, is_reference, resolve_reference
 
 __all__ = [
     "Workload",

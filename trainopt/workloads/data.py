@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from trainopt.workloads.reference import WorkloadError, check_kwargs
+from trainopt.reference import WorkloadError, check_kwargs
 
 __all__ = ["SyntheticImages", "SyntheticTokens", "SyntheticTabular", "BUILTIN_DATA", "build_dataset", "burn_cpu"]
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainopt.workloads.reference import WorkloadError
+from trainopt.reference import WorkloadError
 
 __all__ = ["ResNet", "MLP", "GPT", "resnet18", "resnet50", "mlp", "gpt", "BUILTIN_MODELS"]
 
