@@ -351,10 +351,12 @@ class Search:
         while (size := search.next_probe()) is not None:
             settings = plan.with_knob(incumbent, "batch_size", size)
             r = self.trial(settings, stage="batch", knob="batch_size", role="probe", tag=str(size), mode="probe")
-            if r.status not in ("ok", "oom"):
-                raise SearchFailed(f"batch-size probe at {size} failed ({r.status}: {r.error}); log: {r.log_path}")
+            # Any failure counts as "does not fit": a size that crashed or hung is never
+            # worth adopting, and the probe's status says why it was ruled out.
             search.record(size, r.ok)
-            probes.append({"size": size, "fits": r.ok, "status": r.status, "peak_memory_bytes": r.peak_memory_bytes})
+            probes.append(
+                {"size": size, "fits": r.ok, "status": r.status, "peak_memory_bytes": r.peak_memory_bytes, "error": r.error}
+            )
         safe = search.safe_maximum
         self.batch_info = {
             "start": incumbent["batch_size"],

@@ -58,8 +58,9 @@ def _resolve_device(name: str):
 
 
 def _last_line(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    return text[-1] if text else type(exc).__name__
+    """``Type: first line of the message``: the line a user needs, not library advice after it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def execute(request: TrialRequest) -> TrialResult:
