@@ -103,8 +103,8 @@ def _measure_summary(result, spec_name: str) -> str:
 
 
 def cmd_measure(args) -> int:
-    from trainopt.protocol import TrialRequest, write_json_atomic
-    from trainopt.results import write_text_atomic
+    from trainopt.atomic import write_json_atomic, write_text_atomic
+    from trainopt.protocol import TrialRequest
     from trainopt.runner import SubprocessRunner
     from trainopt.spec import apply_overrides, parse_set
     from trainopt.workspace import OutputFolder, default_folder

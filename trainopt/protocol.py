@@ -9,11 +9,11 @@ version of trainopt is refused with a message instead of being misread.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from trainopt.atomic import write_json_atomic
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -22,7 +22,6 @@ __all__ = [
     "TrialRequest",
     "TrialResult",
     "SchemaVersionError",
-    "write_json_atomic",
 ]
 
 SCHEMA_VERSION = 1
@@ -36,28 +35,6 @@ FAILED_STATUSES = ("oom", "timeout", "crashed", "nonfinite", "error")
 
 class SchemaVersionError(ValueError):
     """A JSON document written by an incompatible schema version."""
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON so that readers see either the old file or the whole new one.
-
-    A temporary file in the same folder is fsynced and renamed over the target, so a
-    crash or a full disk never leaves a half-written result behind.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=False, allow_nan=False, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _check_version(data: dict, what: str) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from trainopt import __version__
-from trainopt.protocol import write_json_atomic
+from trainopt.atomic import write_json_atomic, write_text_atomic
 
 from trainopt.errors import UserError
 
@@ -50,7 +50,6 @@ __all__ = [
     "write_outputs",
     "read_results",
     "best_document",
-    "write_text_atomic",
 ]
 
 RESULTS_SCHEMA_VERSION = 1
@@ -154,21 +153,6 @@ def build_results(search: Any, complete: bool) -> dict[str, Any]:
         "measure": search.spec.measure.model_dump(mode="json"),
         "counts": {"trials_run": search.ran, "trials_reused": search.reused},
     }
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write text via a temporary file and a rename (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[str, Any]:

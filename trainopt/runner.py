@@ -64,7 +64,8 @@ class SubprocessRunner:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         result_path = Path(request.result_path)
-        request_path = result_path.with_name(result_path.stem + ".request.json")
+        stem = result_path.name.removesuffix(".json").removesuffix(".result")
+        request_path = result_path.with_name(stem + ".request.json")
         request_path.write_text(request.to_json())
         # A stale result must never be mistaken for this trial's.
         result_path.unlink(missing_ok=True)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trainopt import knobs, stats
-from trainopt.protocol import TrialRequest, TrialResult, write_json_atomic
+from trainopt.atomic import write_json_atomic
+from trainopt.protocol import TrialRequest, TrialResult
 
 __all__ = ["execute", "main", "is_out_of_memory"]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -86,11 +88,20 @@ def test_search_writes_every_output_and_a_loadable_best_yaml(tmp_path, cli_env):
 def test_kill_9_mid_search_then_resume_loses_and_duplicates_nothing(tmp_path, cli_env):
     spec = spec_file(tmp_path, **INPUT_BOUND)
     out = tmp_path / "out"
-    for stop_after in (2, 6):
+    # Random moments: after a random number of finished trials plus a random delay, so a
+    # kill lands mid-trial, between trials or while results are being written.
+    rng = random.Random(int(os.environ.get("TRAINOPT_KILL_SEED", "20261202")))
+    done = 0
+    for _ in range(3):
         proc = subprocess.Popen(search_cmd(spec, out, "--quiet"), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_trials(out, stop_after, proc)
+        done += rng.randint(1, 3)
+        wait_for_trials(out, done, proc)
+        time.sleep(rng.uniform(0.0, 3.0))
+        if proc.poll() is not None:
+            break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        done = finished_trials(out)
     before = finished_trials(out)
     proc = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -31,7 +31,7 @@ def write_report(out_dir: Path, doc: dict[str, Any]) -> Path:
     """
     from trainopt.report.html import render_html
     from trainopt.report.plots import PLOTS
-    from trainopt.results import write_text_atomic
+    from trainopt.atomic import write_text_atomic
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

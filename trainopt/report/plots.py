@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
 
+from trainopt.atomic import write_bytes_atomic
 from trainopt.protocol import FAILED_STATUSES
 from trainopt.report.rows import format_value
 
-__all__ = ["PLOTS", "speedup_bars", "waterfall", "batch_curve", "window_traces", "write_bytes_atomic"]
+__all__ = ["PLOTS", "speedup_bars", "waterfall", "batch_curve", "window_traces"]
 
 KEPT = "#2e7d32"
 REJECTED = "#78909c"
@@ -32,21 +32,6 @@ MIB = 1024.0**2
 
 # Lines beyond this make a trace plot unreadable; the baseline and one trial per knob fit.
 MAX_TRACES = 8
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write bytes via a temporary file and a rename (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _figure(width: float, height: float):

@@ -156,7 +156,7 @@ def write_speedups_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
     """
     import pandas as pd
 
-    from trainopt.results import write_text_atomic
+    from trainopt.atomic import write_text_atomic
 
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     for name in FLOAT_COLUMNS:
