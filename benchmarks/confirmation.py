@@ -86,8 +86,12 @@ def confirm(draw, pairs: int, max_pairs: int, min_speedup: float, confidence: fl
 def analyse(args) -> None:
     data = json.loads(Path(args.data).read_text())
     pairs = data["pairs"]
-    m = load_spec(ROOT / data["spec"]).measure
-    rule = dict(pairs=m.pairs, max_pairs=m.max_pairs, min_speedup=m.min_speedup, confidence=m.confidence, method=m.interval)
+    # The rule under test is the spec defaults unless overridden on the command line.
+    from trainopt.spec import MeasureSection
+
+    m = MeasureSection()
+    rule = dict(pairs=args.pairs or m.pairs, max_pairs=args.max_pairs or m.max_pairs, min_speedup=m.min_speedup,
+                confidence=m.confidence, method=args.method or m.interval)
     runs = [x for p in pairs for x in p]
     logr = sorted(math.log(a / b) for a, b in pairs)
     cv = statistics.stdev(runs) / statistics.mean(runs)
@@ -139,6 +143,9 @@ def main() -> None:
     b.add_argument("--data", default=str(DEFAULT_DATA))
     b.add_argument("--resamples", type=int, default=4000)
     b.add_argument("--seed", type=int, default=2)
+    b.add_argument("--pairs", type=int, help="starting pairs (default: the spec default)")
+    b.add_argument("--max-pairs", type=int, help="pair budget (default: the spec default)")
+    b.add_argument("--method", choices=["hodges-lehmann", "t"], help="interval (default: the spec default)")
     args = ap.parse_args()
     measure(args) if args.cmd == "measure" else analyse(args)
 

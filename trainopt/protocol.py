@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
-from trainopt.atomic import write_json_atomic
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from trainopt import batch as batch_mod
 from trainopt import knobs, plan, stats
 from trainopt.progress import NullProgress
-from trainopt.protocol import FAILED_STATUSES, TrialRequest, TrialResult
+from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.runner import Runner
 from trainopt.spec import Spec
 from trainopt.store import TrialStore

@@ -213,8 +213,13 @@ def verdict(interval: PairedInterval, min_speedup: float) -> str:
 
     ``improved`` iff the lower bound exceeds ``1 + min_speedup``; ``regressed`` iff the
     upper bound is below 1; ``equivalent`` iff the whole interval lies within
-    ``±min_speedup``; otherwise ``inconclusive``.
+    ``±min_speedup``; otherwise ``inconclusive`` -- also whenever the interval's achieved
+    coverage is below its nominal confidence.
     """
+    if interval.coverage < interval.confidence - 1e-9:
+        # Too few pairs for a rank interval to reach the asked confidence (e.g. 4 pairs give
+        # at most 87.5 %): no verdict may be claimed from it yet.
+        return "inconclusive"
     if interval.low > 1.0 + min_speedup:
         return "improved"
     if interval.high < 1.0:

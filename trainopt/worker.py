@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 from trainopt import knobs, stats
 from trainopt.atomic import write_json_atomic

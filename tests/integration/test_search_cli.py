@@ -20,7 +20,7 @@ from tests.conftest import tiny_spec_dict
 pytestmark = pytest.mark.integration
 
 SEARCH = {"batch_size": {"max": 32}, "amp": ["off", "bf16"], "pin_memory": [False, True]}
-FAST = {"pairs": 3, "max_pairs": 3}
+FAST = {"pairs": 3, "max_pairs": 3, "confidence": 0.75}
 # Slow storage (real sleeps per sample) that two loader workers hide: an unambiguous win,
 # so an interrupted and resumed search must reach the same verdicts as an uninterrupted one.
 INPUT_BOUND = {

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, tiny_spec_dict
+from tests.conftest import FIXTURES, tiny_spec_dict
 
 pytestmark = pytest.mark.integration
 

@@ -60,6 +60,16 @@ def test_verdict_rules(low, high, expected):
     assert stats.verdict(iv, 0.03) == expected
 
 
+def test_too_few_pairs_for_the_confidence_never_give_a_verdict():
+    # 4 pairs: the widest rank interval covers only 1 - 2/16 = 87.5 %.
+    iv = stats.paired_interval([150, 151, 149, 152], [100, 100, 100, 100], 0.95)
+    assert iv.coverage == pytest.approx(0.875)
+    assert stats.verdict(iv, 0.03) == "inconclusive"
+    assert stats.needs_more_pairs(iv, 0.03, 8)
+    six = stats.paired_interval([150, 151, 149, 152, 150, 151], [100] * 6, 0.95)
+    assert six.coverage >= 0.95 and stats.verdict(six, 0.03) == "improved"
+
+
 def test_needs_more_pairs_only_while_inconclusive_and_budget_left():
     iv = stats.PairedInterval(1.04, 0.99, 1.10, 6, 0.95, "t", 0.95)
     assert stats.needs_more_pairs(iv, 0.03, 12)
