@@ -16,7 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from trainopt.errors import UserError
-from trainopt.knobs import KNOBS
+from trainopt.knobs import KNOBS, format_value
 from trainopt.settings import SETTINGS_KIND, SETTINGS_SCHEMA_VERSION, TrainSettings, load_settings
 
 __all__ = ["ExportError", "FORMATS", "render_export", "render_settings"]
@@ -37,17 +37,9 @@ def _one_line(value: Any) -> str:
     return re.sub(r"\s+", " ", str(value)).strip()
 
 
-def _yaml_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
 def _knob(s: TrainSettings, name: str) -> str:
     """``name: value`` as written in best.yaml, for comments."""
-    return f"{name}: {_yaml_value(s.settings[name])}"
+    return f"{name}: {format_value(s.settings[name])}"
 
 
 def _number(value: Any) -> float | None:

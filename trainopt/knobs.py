@@ -21,6 +21,7 @@ __all__ = [
     "validate_settings",
     "not_applicable_reason",
     "KnobValueError",
+    "format_value",
 ]
 
 
@@ -94,6 +95,15 @@ KNOBS: dict[str, Knob] = {
 
 # The checklist order used when the spec does not ask for its own order.
 GUIDE_ORDER = tuple(sorted(KNOBS, key=lambda n: STAGES.index(KNOBS[n].stage)))
+
+
+def format_value(value: Any) -> str:
+    """A knob value as YAML writes it (``true``, ``null``, ``64``, ``bf16``), for reports and exports."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def default_settings() -> dict[str, Any]:

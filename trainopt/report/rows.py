@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trainopt.knobs import format_value
+
 __all__ = [
     "COLUMNS",
     "FLOAT_COLUMNS",
@@ -57,15 +59,6 @@ FLOAT_COLUMNS = (
 
 # After the kept changes: the closest misses first, then what could not be measured.
 VERDICT_ORDER = ("improved", "regressed", "equivalent", "inconclusive", "screened-out", "oom", "timeout", "crashed", "nonfinite", "error", "not_applicable")
-
-
-def format_value(value: Any) -> str:
-    """A knob value as written in ``best.yaml`` (``true``, ``null``, ``64``, ``bf16``)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _number(value: Any) -> float | None:
