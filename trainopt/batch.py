@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from trainopt.distributed import grad_accum_for
+
 __all__ = ["BatchSizeSearch", "throughput_candidates", "Probe"]
 
 
@@ -114,7 +116,7 @@ class BatchSizeSearch:
 
 
 def throughput_candidates(
-    incumbent: int, safe_max: int, max_candidates: int = 4, effective_batch: int | None = None
+    incumbent: int, safe_max: int, max_candidates: int = 4, effective_batch: int | None = None, world_size: int = 1
 ) -> list[int]:
     """Batch sizes whose throughput is worth measuring, smallest first.
 
@@ -127,7 +129,8 @@ def throughput_candidates(
         incumbent: The current batch size (never a candidate).
         safe_max: The largest size to consider.
         max_candidates: At most this many, spread evenly on a log scale, the largest kept.
-        effective_batch: batch_size x grad_accum must equal this, when set.
+        effective_batch: batch_size x grad_accum x world_size must equal this, when set.
+        world_size: Ranks of a data-parallel trial (``batch_size`` is per rank).
     """
     sizes = set()
     p = 1
@@ -138,7 +141,7 @@ def throughput_candidates(
     if safe_max > incumbent:
         sizes.add(safe_max)
     if effective_batch is not None:
-        sizes = {s for s in sizes if effective_batch % s == 0}
+        sizes = {s for s in sizes if grad_accum_for(effective_batch, s, world_size) is not None}
     ordered = sorted(sizes)
     if len(ordered) <= max_candidates:
         return ordered

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import yaml
 
+from trainopt import distributed as dist_mod
 from trainopt.errors import UserError
 from trainopt.knobs import KNOBS, format_value
 from trainopt.settings import SETTINGS_KIND, SETTINGS_SCHEMA_VERSION, TrainSettings, load_settings
@@ -77,15 +78,54 @@ def _header(s: TrainSettings, source: str) -> list[str]:
     if s.lr_scale_hint:
         lines.append(f"# learning rate: {_one_line(s.lr_scale_hint)}")
     lines.append(f"# device: {s.device}")
+    if s.distributed:
+        n = s.distributed["nproc_per_node"]
+        lines.append(
+            f"# data parallel: {n} processes on one node, batch_size per process "
+            f"(effective batch {dist_mod.effective_batch(s.settings, n)} = batch_size x grad_accum x {n})"
+        )
+        lines.append(f"# launch: {s.launch_command()}")
     return lines
 
 
-def _loader_lines(s: TrainSettings, indent: str, pin_on: bool) -> list[str]:
+_DDP_KNOB_NAMES = tuple(dist_mod.DDP_KNOBS)
+
+
+def _ddp_unused(s: TrainSettings) -> str:
+    """The comment naming the DDP knobs of single-process settings, so none is silently absent."""
+    return "# " + ", ".join(_knob(s, k) for k in _DDP_KNOB_NAMES) + " -> measured as one process (no distributed block)"
+
+
+def _ddp_kwarg_lines(s: TrainSettings, indent: str) -> list[str]:
+    """``kwarg=value,  # knob: value`` for every DDP knob (bucket_cap_mb null as a comment)."""
+    kwargs = dist_mod.ddp_kwargs(s.settings)
+    lines = []
+    for knob, kwarg in dist_mod.DDP_KNOBS.items():
+        if kwarg == "broadcast_buffers":
+            lines.append(
+                f"{indent}{kwarg}={kwargs[kwarg]!r},  # {_knob(s, knob)} (PyTorch 2.13+ names it forward_sync_buffers)"
+            )
+        elif kwarg in kwargs:
+            lines.append(f"{indent}{kwarg}={kwargs[kwarg]!r},  # {_knob(s, knob)}")
+        else:
+            lines.append(f"{indent}# {_knob(s, knob)} -> PyTorch's default bucket size (25 MB)")
+    return lines
+
+
+def _backend_expr(s: TrainSettings) -> str:
+    backend = s.distributed.get("backend", "auto")
+    if backend == "auto":
+        return '"nccl" if torch.cuda.is_available() else "gloo"'
+    return f'"{backend}"'
+
+
+def _loader_lines(s: TrainSettings, indent: str, pin_on: bool, sampler: bool = False) -> list[str]:
     """The DataLoader keyword lines, every input knob present as code or comment."""
     v = s.settings
+    per = " per process" if s.distributed else ""
     lines = [
-        f"{indent}batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}",
-        f"{indent}shuffle=True,",
+        f"{indent}batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}{per}",
+        f"{indent}sampler=sampler,  # the sampler shuffles; no shuffle=True" if sampler else f"{indent}shuffle=True,",
         f"{indent}drop_last=True,  # every batch the same shape, as measured (a compiled model would recompile)",
         f"{indent}num_workers={v['num_workers']},  # {_knob(s, 'num_workers')}",
     ]
@@ -144,18 +184,39 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
     v = s.settings
     accum, every = v["grad_accum"], v["sync_every"]
     fp16 = v["amp"] == "fp16"
-    lines = header + [
-        "import torch",
-        "from torch.utils.data import DataLoader",
-        "",
-        f"device = {_device_expr(s)}  # device: {s.device}",
-        _threads_line(s),
-        _cudnn_line(s),
-        *_tf32_lines(s),
-        "",
+    ddp = bool(s.distributed)
+    lines = header + ["import torch", "from torch.utils.data import DataLoader"]
+    if ddp:
+        lines += [
+            "import contextlib",
+            "import os",
+            "import torch.distributed as dist",
+            "from torch.nn.parallel import DistributedDataParallel",
+            "from torch.utils.data.distributed import DistributedSampler",
+            "",
+            f"dist.init_process_group({_backend_expr(s)})  # distributed.backend: {s.distributed.get('backend', 'auto')}",
+        ]
+        if s.device == "cpu":
+            lines.append(f"device = torch.device(\"cpu\")  # device: {s.device}")
+        else:
+            lines += [
+                f"# device: {s.device} -> one GPU per process",
+                'device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")',
+            ]
+    else:
+        lines += ["", f"device = {_device_expr(s)}  # device: {s.device}"]
+    lines += [_threads_line(s), _cudnn_line(s), *_tf32_lines(s), ""]
+    if ddp:
+        sk = dist_mod.sampler_kwargs(0)
+        lines.append(
+            "sampler = DistributedSampler(dataset, "
+            + ", ".join(f"{k}={val!r}" for k, val in sk.items())
+            + ")  # each process reads its own shard"
+        )
+    lines += [
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
-        *_loader_lines(s, "    ", _pin_applies(s)),
+        *_loader_lines(s, "    ", _pin_applies(s), sampler=ddp),
         ")",
         "",
         "model = model.to(device)  # your nn.Module",
@@ -165,6 +226,14 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
     else:
         lines.append(f"# {_knob(s, 'channels_last')} -> default memory format")
     lines.append("model.train()")
+    if ddp:
+        lines += [
+            "model = DistributedDataParallel(",
+            "    model,",
+            '    device_ids=[device.index] if device.type == "cuda" else None,',
+            *_ddp_kwarg_lines(s, "    "),
+            ")",
+        ]
     opt_kwargs = {"default": "", "foreach": ", foreach=True", "fused": ", fused=True"}[v["optimizer_impl"]]
     lines.append(
         f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{opt_kwargs})  "
@@ -174,13 +243,14 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         lines.append(_compile_call(s))
     else:
         lines.append(f"# {_knob(s, 'compile')} -> not compiled")
+    if not ddp:
+        lines.append(_ddp_unused(s))
     if fp16:
         lines.append(f"scaler = torch.amp.GradScaler(device.type)  # {_knob(s, 'amp')} needs loss scaling")
-    lines += [
-        f"grad_accum = {accum}  # {_knob(s, 'grad_accum')}",
-        "",
-        "for step, (x, y) in enumerate(loader):",
-    ]
+    lines += [f"grad_accum = {accum}  # {_knob(s, 'grad_accum')}", ""]
+    if ddp:
+        lines.append("# at the start of every epoch: sampler.set_epoch(epoch), so each epoch shuffles anew, as measured")
+    lines.append("for step, (x, y) in enumerate(loader):")
     if _pin_applies(s):
         lines += [
             "    x = x.to(device, non_blocking=True)  # from pinned memory",
@@ -190,16 +260,23 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         lines += ["    x = x.to(device)", "    y = y.to(device)"]
     if v["channels_last"]:
         lines.append("    x = x.contiguous(memory_format=torch.channels_last)  # 4-D inputs only")
+    body = []
     if v["amp"] != "off":
-        lines.append(f"    with torch.autocast(device.type, dtype={_AMP_DTYPE[v['amp']]}):  # {_knob(s, 'amp')}")
-        lines.append("        loss = loss_fn(model(x), y)  # your loss")
+        body.append(f"    with torch.autocast(device.type, dtype={_AMP_DTYPE[v['amp']]}):  # {_knob(s, 'amp')}")
+        body.append("        loss = loss_fn(model(x), y)  # your loss")
     else:
-        lines.append(f"    loss = loss_fn(model(x), y)  # your loss; {_knob(s, 'amp')} (full precision)")
+        body.append(f"    loss = loss_fn(model(x), y)  # your loss; {_knob(s, 'amp')} (full precision)")
     divided = "loss / grad_accum" if accum > 1 else "loss"
     if fp16:
-        lines.append(f"    scaler.scale({divided}).backward()")
+        body.append(f"    scaler.scale({divided}).backward()")
     else:
-        lines.append(f"    ({divided}).backward()" if accum > 1 else "    loss.backward()")
+        body.append(f"    ({divided}).backward()" if accum > 1 else "    loss.backward()")
+    if ddp and accum > 1:
+        # Forward and backward both inside no_sync(): DDP decides in forward whether backward all-reduces.
+        lines.append("    sync = (step + 1) % grad_accum == 0  # accumulation steps skip the gradient all-reduce")
+        lines.append("    with contextlib.nullcontext() if sync else model.no_sync():")
+        body = ["    " + line for line in body]
+    lines += body
     lines.append("    if (step + 1) % grad_accum == 0:")
     if fp16:
         lines += ["        scaler.step(optimizer)", "        scaler.update()"]
@@ -230,6 +307,7 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
     v = s.settings
     lines = header + [
         "import lightning as L",
+        *(["from lightning.pytorch.strategies import DDPStrategy"] if s.distributed else []),
         "import torch",
         "from torch.utils.data import DataLoader",
         "",
@@ -265,8 +343,23 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
         lines.append(_compile_call(s))
     else:
         lines.append(f"# {_knob(s, 'compile')} -> not compiled")
+    if not s.distributed:
+        lines.append(_ddp_unused(s))
     lines += ["", "trainer = L.Trainer("]
-    lines += _lightning_device(s)
+    if s.distributed:
+        n = s.distributed["nproc_per_node"]
+        accel = {"cpu": '"cpu"', "auto": '"auto"'}.get(s.device, '"gpu"')
+        lines += [
+            f"    accelerator={accel},  # device: {s.device}",
+            f"    devices={n},  # distributed.nproc_per_node: {n} (Lightning starts the processes, or run under torchrun)",
+            "    num_nodes=1,",
+            "    strategy=DDPStrategy(",
+            f"        process_group_backend={_backend_expr(s)},  # distributed.backend: {s.distributed.get('backend', 'auto')}",
+            *_ddp_kwarg_lines(s, "        "),
+            "    ),  # accumulation steps skip the all-reduce (no_sync) by themselves",
+        ]
+    else:
+        lines += _lightning_device(s)
     lines += [
         f'    precision="{_LIGHTNING_PRECISION[v["amp"]]}",  # {_knob(s, "amp")}',
         f"    accumulate_grad_batches={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
@@ -304,6 +397,8 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
         lines.append("# device: auto -> the Trainer picks CUDA when available")
     elif s.device.startswith("cuda:"):
         lines.append(f"# device: {s.device} -> run with CUDA_VISIBLE_DEVICES={s.device.partition(':')[2]}")
+    if s.distributed:
+        lines.append(f"# run the script with: {s.launch_command()}")
     lines += [
         "",
         "args = TrainingArguments(",
@@ -311,6 +406,7 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
     ]
     if s.device == "cpu":
         lines.append("    use_cpu=True,  # device: cpu")
+    lines += _hf_ddp_lines(s)
     lines += [
         f"    per_device_train_batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}",
         f"    gradient_accumulation_steps={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
@@ -362,6 +458,30 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _hf_ddp_lines(s: TrainSettings) -> list[str]:
+    """TrainingArguments' DDP fields; the knobs it has no field for are listed as comments."""
+    v = s.settings
+    if not s.distributed:
+        return ["    " + _ddp_unused(s)]
+    backend = s.distributed.get("backend", "auto")
+    lines = []
+    if backend == "auto":
+        lines.append("    # distributed.backend: auto -> the Trainer picks nccl on CUDA, gloo on CPU")
+    else:
+        lines.append(f'    ddp_backend="{backend}",  # distributed.backend: {backend}')
+    if v["ddp_bucket_cap_mb"] is not None:
+        lines.append(f"    ddp_bucket_cap_mb={v['ddp_bucket_cap_mb']},  # {_knob(s, 'ddp_bucket_cap_mb')}")
+    else:
+        lines.append(f"    # {_knob(s, 'ddp_bucket_cap_mb')} -> PyTorch's default bucket size (25 MB)")
+    lines += [
+        f"    ddp_find_unused_parameters={v['ddp_find_unused_parameters']},  # {_knob(s, 'ddp_find_unused_parameters')}",
+        f"    ddp_broadcast_buffers={v['ddp_broadcast_buffers']},  # {_knob(s, 'ddp_broadcast_buffers')}",
+        f"    # {_knob(s, 'ddp_gradient_as_bucket_view')}, {_knob(s, 'ddp_static_graph')} -> TrainingArguments has no field "
+        "for these; pass them to DistributedDataParallel through accelerate's DistributedDataParallelKwargs",
+    ]
+    return lines
+
+
 def _render_yaml(s: TrainSettings, header: list[str]) -> str:
     doc = {
         "schema_version": SETTINGS_SCHEMA_VERSION,
@@ -369,6 +489,8 @@ def _render_yaml(s: TrainSettings, header: list[str]) -> str:
         "device": s.device,
         "settings": {name: s.settings[name] for name in KNOBS},
     }
+    if s.distributed:
+        doc["distributed"] = dict(s.distributed)
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from trainopt import distributed
+
 __all__ = [
     "Knob",
     "KNOBS",
@@ -35,7 +37,9 @@ OPTIMIZER_IMPL_VALUES = ("default", "foreach", "fused")
 
 # Stages follow the order of the training-speed checklist: batch size first, then
 # precision, then keeping the input pipeline ahead, host overhead, and last the heavy tools.
-STAGES = ("batch", "precision", "layout", "input", "host", "backend", "compile")
+# DDP communication knobs come after the single-device ones: they tune gradient exchange,
+# which only matters once the step itself is as fast as it gets.
+STAGES = ("batch", "precision", "layout", "input", "host", "backend", "distributed", "compile")
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,12 @@ KNOBS: dict[str, Knob] = {
         Knob("threads", "int", None, "host", "CPU intra-op threads (torch.set_num_threads)", minimum=1, nullable=True),
         Knob("cudnn_benchmark", "bool", False, "backend", "let cuDNN pick the fastest convolution algorithms"),
         Knob("compile", "choice", "off", "compile", "torch.compile mode", choices=COMPILE_VALUES),
+        # Data-parallel knobs: each sets one DistributedDataParallel argument (trainopt.distributed).
+        Knob("ddp_bucket_cap_mb", "int", None, "distributed", "DDP gradient bucket size in MB (null: PyTorch's 25)", minimum=1, nullable=True),
+        Knob("ddp_gradient_as_bucket_view", "bool", False, "distributed", "DDP gradients as views into the buckets (saves a copy)"),
+        Knob("ddp_static_graph", "bool", False, "distributed", "DDP static_graph: the set of used parameters never changes"),
+        Knob("ddp_find_unused_parameters", "bool", False, "distributed", "DDP searches the graph for unused parameters every step"),
+        Knob("ddp_broadcast_buffers", "bool", True, "distributed", "DDP broadcasts buffers (e.g. BatchNorm stats) from rank 0 every step"),
     ]
 }
 
@@ -190,13 +200,22 @@ def _needs_cuda(s: Mapping[str, Any], device_type: str) -> str | None:
 _RULES: tuple[Callable[..., str | None], ...] = (_needs_workers,)
 
 
-def not_applicable_reason(settings: Mapping[str, Any], device_type: str) -> str | None:
+def not_applicable_reason(settings: Mapping[str, Any], device_type: str, world_size: int | None = None) -> str | None:
     """Why these settings cannot apply on ``device_type``, or None when they can.
 
     A knob that would be a silent no-op on this device is reported, not run, so a
     verdict is never drawn from a change that changed nothing.
+
+    Args:
+        settings: Every knob's value.
+        device_type: ``cpu`` or ``cuda``.
+        world_size: Processes per data-parallel trial, or None for single-process trials
+            (where the DDP knobs cannot apply).
     """
     reason = _needs_cuda(settings, device_type)
+    if reason:
+        return reason
+    reason = distributed.not_applicable_reason(settings, world_size)
     if reason:
         return reason
     for rule in _RULES:

@@ -96,9 +96,11 @@ class Trainer:
         settings: Every knob's value.
         device: The torch.device to train on.
         seed: Seed for the loader's shuffling.
+        ddp: For a data-parallel trial, the rank's ``trainopt.ddp.RankGroup``: it wraps the
+            model in DistributedDataParallel and gives the loader its DistributedSampler.
     """
 
-    def __init__(self, workload: Any, settings: dict[str, Any], device: torch.device, seed: int = 0):
+    def __init__(self, workload: Any, settings: dict[str, Any], device: torch.device, seed: int = 0, ddp: Any = None):
         self.settings = settings
         self.device = device
         s = settings
@@ -113,7 +115,12 @@ class Trainer:
         if s["channels_last"]:
             model = model.to(memory_format=torch.channels_last)
         model.train()
+        if ddp is not None:
+            # Wrapped before compile, as DDP's docs ask, so compile sees the bucketed all-reduce.
+            model = ddp.wrap(model, s)
         self.model = model
+        self.ddp = ddp
+        self._epoch = 0
         self.optimizer = workload.optimizer_factory(model.parameters(), s["optimizer_impl"])
         self.forward = model if s["compile"] == "off" else torch.compile(model, mode=None if s["compile"] == "default" else s["compile"])
         self.loss_fn = workload.loss_fn
@@ -130,14 +137,20 @@ class Trainer:
             pin_memory=bool(s["pin_memory"]) and device.type == "cuda",
             generator=generator,
         )
+        if ddp is not None:
+            # Each rank reads its own shard; the sampler shuffles, so the loader must not.
+            del loader_kwargs["shuffle"], loader_kwargs["generator"]
+            loader_kwargs["sampler"] = ddp.sampler(workload.dataset)
         if s["num_workers"] > 0:
             loader_kwargs["persistent_workers"] = bool(s["persistent_workers"])
             if s["prefetch_factor"] is not None:
                 loader_kwargs["prefetch_factor"] = s["prefetch_factor"]
         self.dataset_len = len(workload.dataset)
-        if self.dataset_len < s["batch_size"]:
+        world = ddp.world if ddp is not None else 1
+        if self.dataset_len // world < s["batch_size"]:
+            per_rank = f" ({self.dataset_len // world} per rank of {world})" if world > 1 else ""
             raise ValueError(
-                f"the data set has {self.dataset_len} samples, fewer than batch_size {s['batch_size']}; "
+                f"the data set has {self.dataset_len} samples{per_rank}, fewer than batch_size {s['batch_size']}; "
                 f"raise data.args.size or lower batch_size"
             )
         self.loader = torch.utils.data.DataLoader(workload.dataset, **loader_kwargs)
@@ -158,6 +171,9 @@ class Trainer:
             batch = None
         if batch is None:
             # A new epoch, as training would start one (workers restart unless persistent).
+            if self.ddp is not None:
+                self._epoch += 1
+                self.loader.sampler.set_epoch(self._epoch)
             self._iter = iter(self.loader)
             batch = next(self._iter)
         self.data_wait += clock() - t0
@@ -174,16 +190,19 @@ class Trainer:
         """One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update."""
         accum = self.settings["grad_accum"]
         loss_sum = None
-        for _ in range(accum):
+        for micro in range(accum):
             x, y = self._to_device(*self._next_batch(clock))
             ctx = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
-            with ctx:
-                loss = self.loss_fn(self.forward(x), y)
-            scaled = loss / accum if accum > 1 else loss
-            if self.scaler is not None:
-                self.scaler.scale(scaled).backward()
-            else:
-                scaled.backward()
+            # Under DDP, accumulation steps skip the gradient all-reduce; the last one syncs.
+            no_sync = self.model.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext()
+            with no_sync:
+                with ctx:
+                    loss = self.loss_fn(self.forward(x), y)
+                scaled = loss / accum if accum > 1 else loss
+                if self.scaler is not None:
+                    self.scaler.scale(scaled).backward()
+                else:
+                    scaled.backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
@@ -209,6 +228,11 @@ def _host_read(trainer: Trainer, step_index: int) -> None:
         trainer.loss_value()
 
 
+def _agree(group: Any, flag: bool) -> bool:
+    """``flag`` on one process; under DDP true when any rank says so, so all ranks loop alike."""
+    return group.any(flag) if group is not None else flag
+
+
 def measure_throughput(
     trainer: Trainer,
     warmup_steps: int,
@@ -216,6 +240,7 @@ def measure_throughput(
     window_seconds: float,
     windows: int,
     clock: Callable[[], float] = time.perf_counter,
+    group: Any = None,
 ) -> Measurement:
     """Warm up, then time ``windows`` windows of a fixed number of steps.
 
@@ -226,6 +251,9 @@ def measure_throughput(
         window_seconds: Target length of one timed window (sets the steps per window).
         windows: Number of timed windows.
         clock: The time source; injectable for tests.
+        group: For a data-parallel trial, the rank's ``trainopt.ddp.RankGroup``: every rank
+            then warms up for the same steps, times windows of the same length, and starts
+            and ends each window at a barrier.
 
     Returns:
         Per-window throughputs and the derived figures.
@@ -239,12 +267,14 @@ def measure_throughput(
     m.first_step_s = clock() - start
     steps = 1
     after_first = clock()
-    while steps < max(warmup_steps, 2) or clock() - start < warmup_seconds:
+    while _agree(group, steps < max(warmup_steps, 2) or clock() - start < warmup_seconds):
         trainer.step(clock)
         _host_read(trainer, steps)
         steps += 1
     trainer.loss_value()
     typical = (clock() - after_first) / (steps - 1)
+    if group is not None:
+        typical = group.max(typical)  # the slowest rank sets the window length for all
     m.warmup_s = clock() - start
     if trainer.settings["compile"] != "off":
         m.compile_s = max(0.0, m.first_step_s - typical)
@@ -254,11 +284,15 @@ def measure_throughput(
     for _ in range(windows):
         trainer.data_wait = 0.0
         trainer.sync()
+        if group is not None:
+            group.barrier()
         t0 = clock()
         for i in range(m.window_steps):
             trainer.step(clock)
             _host_read(trainer, i)
         trainer.sync()
+        if group is not None:
+            group.barrier()
         elapsed = clock() - t0
         wait = trainer.data_wait
         # Outside the timed region: the loss check and memory sample cost nothing measured.

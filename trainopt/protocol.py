@@ -84,6 +84,10 @@ class TrialResult:
     Throughputs are samples per second. ``windows`` holds every timed window's
     throughput in order; ``steady_from`` is the index of the first window kept after
     the warm-up cut. Memory is bytes.
+
+    A data-parallel trial reports global figures (all ranks together; ``peak_memory_bytes``
+    is the worst rank's) and ``per_rank``: each rank's ``rank``, ``samples_per_s``,
+    ``peak_memory_bytes`` and ``data_wait_fraction``.
     """
 
     status: str
@@ -110,6 +114,9 @@ class TrialResult:
     error: str | None = None
     wall_s: float | None = None
     log_path: str | None = None
+    world_size: int = 1
+    backend: str | None = None
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

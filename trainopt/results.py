@@ -163,6 +163,8 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
         "kind": "trainopt-settings",
         "device": spec_resolved.get("device", "auto"),
         "settings": doc["best"]["settings"],
+        # Only for data-parallel searches, so single-process best.yaml files stay as they were.
+        **({"distributed": spec_resolved["distributed"]} if spec_resolved.get("distributed") else {}),
         "provenance": {
             "search": doc["name"],
             "measured_at": doc["updated_at"],

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from trainopt.launch import DistributedLaunch
 from trainopt.protocol import SchemaVersionError, TrialRequest, TrialResult
 
 __all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "classify_exit"]
@@ -75,10 +76,17 @@ class SubprocessRunner:
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # A spec with a `distributed` block runs each trial as a torchrun job (trainopt.launch).
+        launch = DistributedLaunch.for_request(request, request_path, self.python) if request.spec.get("distributed") else None
+        command = [self.python, "-m", "trainopt.worker", str(request_path)]
+        if launch is not None:
+            launch.clear()
+            env.update(launch.env())
+            command = launch.command
         start = time.perf_counter()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [self.python, "-m", "trainopt.worker", str(request_path)],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -93,15 +101,23 @@ class SubprocessRunner:
                 returncode = None
             except BaseException:
                 # Ctrl-C or SIGTERM in the orchestrator: stop the trial and its workers first.
+                if launch is not None:
+                    launch.stop(proc.pid)
                 _kill_group(proc)
                 proc.wait()
                 raise
             finally:
+                if launch is not None:
+                    launch.stop(proc.pid)
                 _kill_group(proc)
             if timed_out:
                 proc.wait()
         wall = time.perf_counter() - start
         result = self._read_result(result_path, request, returncode, timed_out, timeout_s)
+        if launch is not None and result.status == "crashed" and not result_path.exists():
+            # No result from rank 0: say which rank failed and how, from what the ranks left.
+            result.status, result.error = launch.classify(returncode)
+            result.world_size = launch.nproc
         result.wall_s = wall
         result.log_path = str(log_path)
         return result

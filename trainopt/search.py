@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from trainopt import batch as batch_mod
 from trainopt import knobs, plan, stats
+from trainopt.distributed import grad_accum_for
 from trainopt.progress import NullProgress
 from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.runner import Runner
@@ -103,6 +104,8 @@ class Search:
         self.on_checkpoint = on_checkpoint
         self.resolved = spec.resolved()
         self.device_type: str | None = None
+        # Ranks per data-parallel trial, or None for single-process trials (see knobs.not_applicable_reason).
+        self._world = spec.world_size if spec.distributed else None
         self.decisions: list[Decision] = []
         self.trials: list[dict[str, Any]] = []
         self.batch_info: dict[str, Any] = {}
@@ -127,7 +130,7 @@ class Search:
             self._note_trial(key, meta, cached)
             self.progress.trial_reused()
             return cached
-        reason = knobs.not_applicable_reason(settings, self.device_type) if self.device_type else None
+        reason = knobs.not_applicable_reason(settings, self.device_type, self._world) if self.device_type else None
         handle = self.store.begin(key, meta)
         number = handle.number
         if reason:
@@ -326,7 +329,7 @@ class Search:
         cands = plan.candidates(incumbent, knob, values)
         runnable = []
         for settings in cands:
-            reason = knobs.not_applicable_reason(settings, self.device_type)
+            reason = knobs.not_applicable_reason(settings, self.device_type, self._world)
             if reason:
                 # Recorded, not run: a no-op on this device would only measure noise.
                 self.trial(settings, stage=stage, knob=knob, role="screen", tag="candidate")
@@ -370,12 +373,12 @@ class Search:
             raise SearchFailed(
                 f"not even batch_size {probes[-1]['size']} fits in memory; lower the model size or raise limits.memory_gb"
             )
-        sizes = batch_mod.throughput_candidates(incumbent["batch_size"], safe, bs.max_candidates, eff)
+        sizes = batch_mod.throughput_candidates(incumbent["batch_size"], safe, bs.max_candidates, eff, self.spec.world_size)
         cands = []
         for size in sizes:
             settings = plan.with_knob(incumbent, "batch_size", size)
             if eff is not None:
-                settings["grad_accum"] = eff // size
+                settings["grad_accum"] = grad_accum_for(eff, size, self.spec.world_size)
             cands.append(settings)
         if not cands:
             return incumbent

@@ -34,6 +34,7 @@ from typing import Any, ContextManager, Mapping
 import yaml
 
 from trainopt import __version__
+from trainopt import distributed as dist_mod
 from trainopt.errors import UserError
 from trainopt.knobs import KNOBS, KnobValueError, coerce_value, default_settings
 
@@ -48,7 +49,8 @@ __all__ = [
 
 SETTINGS_SCHEMA_VERSION = 1
 SETTINGS_KIND = "trainopt-settings"
-TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "provenance")
+TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "distributed", "provenance")
+DISTRIBUTED_KEYS = ("nproc_per_node", "backend")
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
@@ -82,9 +84,29 @@ def _did_you_mean(name: str, known: tuple[str, ...] | list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _check_fields(device: Any, settings: Any, provenance: Any) -> tuple[list[str], dict[str, Any]]:
-    """Check device, settings and provenance; return the problems and the complete settings."""
-    problems: list[str] = []
+def _check_distributed(block: Any) -> list[str]:
+    """Problems with a ``distributed:`` block (the spec's: nproc_per_node, backend)."""
+    if block is None:
+        return []
+    if not isinstance(block, Mapping):
+        return [f"distributed: expected a mapping like {{nproc_per_node: 2, backend: auto}}, got {type(block).__name__}"]
+    problems = [
+        f"distributed.{key}: unknown key{_did_you_mean(str(key), DISTRIBUTED_KEYS)}; allowed: {', '.join(DISTRIBUTED_KEYS)}"
+        for key in block
+        if key not in DISTRIBUTED_KEYS
+    ]
+    nproc = block.get("nproc_per_node")
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        problems.append(f"distributed.nproc_per_node: got {nproc!r}; use an integer >= 1")
+    backend = block.get("backend", "auto")
+    if backend not in dist_mod.BACKENDS:
+        problems.append(f"distributed.backend: got {backend!r}; use one of {', '.join(dist_mod.BACKENDS)}")
+    return problems
+
+
+def _check_fields(device: Any, settings: Any, provenance: Any, distributed: Any = None) -> tuple[list[str], dict[str, Any]]:
+    """Check device, settings, the distributed block and provenance; return the problems and the complete settings."""
+    problems: list[str] = _check_distributed(distributed)
     if not isinstance(device, str) or not _DEVICE_RE.match(device):
         problems.append(f"device: {device!r} is not one of auto, cpu, cuda, cuda:N")
     merged = default_settings()
@@ -107,6 +129,11 @@ def _check_fields(device: Any, settings: Any, provenance: Any) -> tuple[list[str
                 merged[name] = coerce_value(name, value)
             except KnobValueError as exc:
                 problems.append(f"settings.{name}: {exc}")
+    if not problems:
+        world = dist_mod.world_size(distributed) if distributed else None
+        reason = dist_mod.not_applicable_reason(merged, world)
+        if reason:
+            problems.append(f"settings: {reason}")
     if provenance is not None:
         if not isinstance(provenance, Mapping):
             problems.append(
@@ -133,6 +160,8 @@ class TrainSettings:
             read-only.
         provenance: Where and how the settings were measured; empty for hand-written files.
         source: The file the settings were read from, for messages; None when built in code.
+        distributed: The spec's ``distributed`` block (``nproc_per_node``, ``backend``) when
+            the settings were measured as a data-parallel job, else None.
 
     Raises:
         SettingsError: A field is invalid (raised on construction).
@@ -142,13 +171,16 @@ class TrainSettings:
     settings: dict[str, Any] = field(default_factory=default_settings)
     provenance: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
+    distributed: dict[str, Any] | None = None
     _scaler: Any = field(default=None, init=False, repr=False, compare=False)
     _device: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        problems, merged = _check_fields(self.device, self.settings, self.provenance)
+        problems, merged = _check_fields(self.device, self.settings, self.provenance, self.distributed)
         if problems:
             raise SettingsError(problems, self.source)
+        if self.distributed is not None:
+            object.__setattr__(self, "distributed", {"backend": "auto", **self.distributed})
         # Copies, so a caller mutating its own dicts later cannot change these settings.
         object.__setattr__(self, "settings", merged)
         object.__setattr__(self, "provenance", dict(self.provenance or {}))
@@ -195,6 +227,8 @@ class TrainSettings:
 
         if self.device == "auto":
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        elif self.distributed and self.device.startswith("cuda"):
+            device = torch.device("cuda")
         else:
             device = torch.device(self.device)
             if device.type == "cuda" and not torch.cuda.is_available():
@@ -202,6 +236,11 @@ class TrainSettings:
                     [f"device: {self.device!r} was asked for but CUDA is not available here; use device: auto or cpu"],
                     self.source,
                 )
+        if self.distributed and device.type == "cuda":
+            # Under torchrun each rank trains on its own GPU, as the trials did.
+            import os
+
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         object.__setattr__(self, "_device", device)
         return device
 
@@ -348,6 +387,73 @@ class TrainSettings:
         """Keyword arguments for your optimizer's constructor: ``{}``, ``foreach`` or ``fused``."""
         return {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[self.settings["optimizer_impl"]]
 
+    # ---- data parallel (the `distributed` block and the ddp_* knobs) ---------------
+
+    def launch_command(self, script: str = "train.py") -> str | None:
+        """The torchrun command the settings were measured under, or None for single-process settings."""
+        if not self.distributed:
+            return None
+        return dist_mod.launch_command(self.distributed["nproc_per_node"], script)
+
+    def init_distributed(self) -> None:
+        """Join the torchrun job: the measured backend (``auto``: nccl on CUDA, gloo on CPU), the rank's GPU.
+
+        Call it once per process, first; does nothing for single-process settings or when
+        a process group already exists.
+        """
+        if not self.distributed:
+            return
+        import torch
+        import torch.distributed as dist
+
+        device = self.device_obj()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            try:
+                backend = dist_mod.resolve_backend(self.distributed.get("backend", "auto"), device.type)
+            except ValueError as exc:
+                raise SettingsError([str(exc)], self.source) from None
+            dist.init_process_group(backend)
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """``DistributedDataParallel`` keyword arguments from the ddp_* knobs (``device_ids`` aside)."""
+        from trainopt.ddp import has_forward_sync_buffers
+
+        return dist_mod.ddp_kwargs(self.settings, forward_sync_buffers=has_forward_sync_buffers())
+
+    def wrap_ddp(self, model):
+        """Wrap a prepared model in ``DistributedDataParallel`` as measured.
+
+        Call it after ``init_distributed()`` and before ``torch.compile``: pass the module
+        from ``prepare_model`` of settings without ``compile``, or wrap first and compile
+        the wrapper (``torch.compile(s.wrap_ddp(model))``), as the trials did.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = self.device_obj()
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs())
+
+    def sampler_kwargs(self, seed: int = 0) -> dict[str, Any]:
+        """``DistributedSampler`` keyword arguments as measured; pass the sampler, not ``shuffle``, to DataLoader."""
+        return dist_mod.sampler_kwargs(seed)
+
+    def no_sync(self, model, step: int) -> ContextManager[Any]:
+        """``model.no_sync()`` on accumulation micro-batches of a DDP model, else a no-op context.
+
+        Put the forward pass and ``backward_and_step`` inside it, as the trials did: only the
+        last micro-batch of each optimizer step all-reduces the gradients.
+
+        Args:
+            model: The module being trained (``DistributedDataParallel`` or not).
+            step: The same 0-based micro-batch index passed to ``backward_and_step``.
+        """
+        accum = self.settings["grad_accum"]
+        if accum > 1 and (step + 1) % accum and hasattr(model, "no_sync"):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
     def should_log(self, step: int) -> bool:
         """Whether to read the loss on the host (``loss.item()``) after this micro-batch.
 
@@ -408,11 +514,18 @@ def settings_from_dict(data: Any, source: str | None = None) -> TrainSettings:
         problems.append("settings: missing; add a 'settings:' mapping of knob: value (knobs left out take their defaults)")
     device = data.get("device", "auto")
     provenance = data.get("provenance")
-    field_problems, _ = _check_fields(device, data.get("settings"), provenance)
+    block = data.get("distributed")
+    field_problems, _ = _check_fields(device, data.get("settings"), provenance, block)
     problems += field_problems
     if problems:
         raise SettingsError(problems, source)
-    return TrainSettings(device=device, settings=dict(data.get("settings") or {}), provenance=dict(provenance or {}), source=source)
+    return TrainSettings(
+        device=device,
+        settings=dict(data.get("settings") or {}),
+        provenance=dict(provenance or {}),
+        source=source,
+        distributed=dict(block) if block else None,
+    )
 
 
 def _read_yaml(path: Path) -> Any:

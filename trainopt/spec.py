@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from trainopt import distributed as dist_mod
 from trainopt import knobs
 
 __all__ = [
@@ -126,6 +127,16 @@ class LimitsSection(_Strict):
     effective_batch: int | None = Field(None, ge=1, le=1_000_000_000)
 
 
+class DistributedSection(_Strict):
+    """Run every trial as a single-node data-parallel job under torchrun.
+
+    ``batch_size`` is then per rank. One node per trial: multi-node jobs are not measured.
+    """
+
+    nproc_per_node: int = Field(ge=1, le=1024)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+
+
 class BatchSearch(_Strict):
     """How the largest fitting batch is searched for."""
 
@@ -148,6 +159,7 @@ class Spec(_Strict):
     search_order: Literal["guide", "as_written"] = "guide"
     measure: MeasureSection = MeasureSection()
     limits: LimitsSection = LimitsSection()
+    distributed: DistributedSection | None = None
     run_length_steps: int = Field(100_000, ge=1, le=10**12)
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
@@ -173,6 +185,11 @@ class Spec(_Strict):
         """A short content hash of the resolved spec; changes when the spec changes."""
         blob = json.dumps(self.resolved(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def world_size(self) -> int:
+        """Processes per trial: ``distributed.nproc_per_node``, or 1 without a ``distributed`` block."""
+        return self.distributed.nproc_per_node if self.distributed else 1
 
     @property
     def batch_search(self) -> BatchSearch:
@@ -308,11 +325,17 @@ def _cross_checks(spec: Spec) -> list[str]:
     eff = spec.limits.effective_batch
     if eff is not None:
         b = spec.baseline
-        if b["batch_size"] * b["grad_accum"] != eff:
+        world = spec.world_size
+        product = dist_mod.effective_batch(b, world)
+        if product != eff:
+            ranks = f" x {world} ranks" if spec.distributed else ""
             problems.append(
-                f"baseline: batch_size {b['batch_size']} x grad_accum {b['grad_accum']} = "
-                f"{b['batch_size'] * b['grad_accum']}, but limits.effective_batch is {eff}; make them agree"
+                f"baseline: batch_size {b['batch_size']} x grad_accum {b['grad_accum']}{ranks} = "
+                f"{product}, but limits.effective_batch is {eff}; make them agree"
             )
+    reason = dist_mod.not_applicable_reason(spec.baseline, spec.world_size if spec.distributed else None)
+    if reason:
+        problems.append(f"baseline: {reason}")
     bs = spec.search.get("batch_size")
     if bs is not None and bs.max < spec.baseline["batch_size"]:
         problems.append(

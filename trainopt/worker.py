@@ -19,7 +19,7 @@ from trainopt import knobs, stats
 from trainopt.atomic import write_json_atomic
 from trainopt.protocol import TrialRequest, TrialResult
 
-__all__ = ["execute", "main", "is_out_of_memory"]
+__all__ = ["execute", "fill_result", "main", "is_out_of_memory"]
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
 
@@ -63,6 +63,29 @@ def _last_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+def fill_result(result: TrialResult, m, dataset_len: int | None) -> None:
+    """Copy a ``Measurement``'s figures into ``result`` and mark it ok (also used by DDP rank 0)."""
+    summary = stats.summarize_windows(m.windows[m.steady_from:]) if m.windows else {}
+    result.status = "ok"
+    result.samples_per_s = m.samples_per_s
+    result.windows = m.windows
+    result.window_steps = m.window_steps
+    result.steady_from = m.steady_from
+    result.steady = m.steady
+    result.median = summary.get("median")
+    result.iqr = summary.get("iqr")
+    result.step_time_s = m.step_time_s
+    result.data_wait_fraction = m.data_wait_fraction
+    result.peak_memory_bytes = m.peak_memory_bytes
+    result.warmup_s = m.warmup_s
+    result.compile_s = m.compile_s
+    result.first_step_s = m.first_step_s
+    result.first_loss = m.first_loss
+    result.last_loss = m.last_loss
+    result.steps = m.steps
+    result.dataset_len = dataset_len
+
+
 def execute(request: TrialRequest) -> TrialResult:
     """Run one trial in this process and return its result (never raises for trial faults)."""
     import torch
@@ -96,25 +119,7 @@ def execute(request: TrialRequest) -> TrialResult:
             m = measure_throughput(
                 trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"]
             )
-        summary = stats.summarize_windows(m.windows[m.steady_from:]) if m.windows else {}
-        result.status = "ok"
-        result.samples_per_s = m.samples_per_s
-        result.windows = m.windows
-        result.window_steps = m.window_steps
-        result.steady_from = m.steady_from
-        result.steady = m.steady
-        result.median = summary.get("median")
-        result.iqr = summary.get("iqr")
-        result.step_time_s = m.step_time_s
-        result.data_wait_fraction = m.data_wait_fraction
-        result.peak_memory_bytes = m.peak_memory_bytes
-        result.warmup_s = m.warmup_s
-        result.compile_s = m.compile_s
-        result.first_step_s = m.first_step_s
-        result.first_loss = m.first_loss
-        result.last_loss = m.last_loss
-        result.steps = m.steps
-        result.dataset_len = trainer.dataset_len
+        fill_result(result, m, trainer.dataset_len)
     except NonFiniteLoss as exc:
         result.status, result.error = "nonfinite", str(exc)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - every fault becomes a status, never a lost result

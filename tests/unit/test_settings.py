@@ -38,6 +38,11 @@ FULL = {
     "threads": None,
     "cudnn_benchmark": False,
     "compile": "off",
+    "ddp_bucket_cap_mb": None,
+    "ddp_gradient_as_bucket_view": False,
+    "ddp_static_graph": False,
+    "ddp_find_unused_parameters": False,
+    "ddp_broadcast_buffers": True,
 }
 
 

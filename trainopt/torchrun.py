@@ -1,0 +1,38 @@
+"""``python -m trainopt.torchrun ...``: torchrun itself, recording which rank failed and how.
+
+It parses the same options with torchrun's own parser and runs torchrun's own ``run``, so a
+trial is launched exactly as ``torchrun ...`` launches a training script. The one addition:
+when ranks fail, their exit codes (negative for a signal) are written as JSON to the file
+named by ``TRAINOPT_LAUNCH_STATUS``, because torchrun reports them only as text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun with ``argv``; return 0, or 1 after recording the failed ranks."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        path = os.environ.get("TRAINOPT_LAUNCH_STATUS")
+        if path:
+            from trainopt.atomic import write_json_atomic
+
+            write_json_atomic(path, {"failures": {str(rank): f.exitcode for rank, f in exc.failures.items()}})
+        print(f"trainopt.torchrun: ranks failed: {json.dumps({r: f.exitcode for r, f in exc.failures.items()})}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
