@@ -95,6 +95,13 @@ def _measure_summary(result, spec_name: str) -> str:
             + (f"   compile: {result.compile_s:.1f} s" if result.compile_s is not None else "")
         )
         lines.append(f"loss: {result.first_loss:.4g} -> {result.last_loss:.4g}")
+        if result.world_size > 1:
+            ranks = ", ".join(
+                f"rank {r['rank']} {r['samples_per_s']:,.1f} samples/s, {_fmt_bytes(r['peak_memory_bytes'])}"
+                for r in result.per_rank
+                if r.get("samples_per_s") is not None
+            )
+            lines.append(f"data parallel: {result.world_size} ranks ({result.backend}), figures above for all ranks; {ranks}")
     else:
         lines.append(f"reason: {result.error}")
     if result.log_path:
