@@ -135,7 +135,6 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
             result.status, result.error = "not_applicable", reason
             return result, False
         torch.set_num_threads(distributed.rank_threads(settings["threads"], world))
-        _cap_memory(request.memory_gb)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         # Longer than the trial's own limit: a hung collective is the runner's to stop (as a
@@ -143,6 +142,10 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         limit = float(spec["measure"]["trial_timeout_s"]) + 60
         dist.init_process_group(backend, timeout=timedelta(seconds=limit))
         group = RankGroup(rank, world, device, seed)
+        # The first collective starts the backend's threads and buffers; capped after it, as
+        # the single-process worker caps after importing torch, so the cap bounds training.
+        group.barrier()
+        _cap_memory(request.memory_gb)
         torch.manual_seed(seed)
         workload = build_workload(spec, Path(request.source_dir))
         if settings["channels_last"] and not workload.image_like:

@@ -96,6 +96,10 @@ def execute(request: TrialRequest) -> TrialResult:
 
     settings = dict(request.settings)
     result = TrialResult(status="error", settings=settings, mode=request.mode)
+    if request.spec.get("distributed"):
+        # Measuring a data-parallel spec in one process would report a different job.
+        result.error = "a spec with a distributed block runs each trial under torchrun (trainopt.ddp), not trainopt.worker"
+        return result
     try:
         device = _resolve_device(request.spec.get("device", "auto"))
         result.env = fingerprint.environment(device)

@@ -71,6 +71,8 @@ def test_one_failing_rank_is_classified_and_nothing_is_left(tmp_path, cli_env, f
         distributed=DISTRIBUTED,
         model={"name": f"{FAULTY}:model", "args": {"fault": fault, "fault_on_rank": 1}},
         data={"name": f"{FAULTY}:data", "args": {}},
+        # The hanging trial also has a loader worker per rank, which must be gone afterwards too.
+        baseline={"batch_size": 16, "threads": 1, "num_workers": 1 if fault == "hang" else 0},
         # Long enough for two ranks to start on a busy 2-core machine; a hang waits it out.
         measure={"trial_timeout_s": 45},
     )
