@@ -9,16 +9,14 @@ valid value is. Nothing here imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 __all__ = [
     "Knob",
     "KNOBS",
     "STAGES",
-    "GUIDE_ORDER",
     "default_settings",
     "coerce_value",
-    "validate_settings",
     "not_applicable_reason",
     "KnobValueError",
     "format_value",
@@ -28,10 +26,6 @@ __all__ = [
 class KnobValueError(ValueError):
     """A knob value that is not allowed; the message names what is allowed."""
 
-
-AMP_VALUES = ("off", "bf16", "fp16")
-COMPILE_VALUES = ("off", "default", "reduce-overhead", "max-autotune")
-OPTIMIZER_IMPL_VALUES = ("default", "foreach", "fused")
 
 # Stages follow the order of the training-speed checklist: batch size first, then
 # precision, then keeping the input pipeline ahead, host overhead, and last the heavy tools.
@@ -78,7 +72,7 @@ KNOBS: dict[str, Knob] = {
     for k in [
         Knob("batch_size", "int", 32, "batch", "samples per optimizer micro-step", minimum=1),
         Knob("grad_accum", "int", 1, "batch", "micro-batches accumulated per optimizer step", minimum=1),
-        Knob("amp", "choice", "off", "precision", "autocast dtype; fp16 adds a GradScaler", choices=AMP_VALUES),
+        Knob("amp", "choice", "off", "precision", "autocast dtype; fp16 adds a GradScaler", choices=("off", "bf16", "fp16")),
         Knob("tf32", "bool", False, "backend", "TF32 matmuls and convolutions (CUDA Ampere+)"),
         Knob("channels_last", "bool", False, "layout", "channels-last memory format for 4-D inputs"),
         Knob("num_workers", "int", 0, "input", "DataLoader worker processes", minimum=0),
@@ -86,15 +80,12 @@ KNOBS: dict[str, Knob] = {
         Knob("persistent_workers", "bool", False, "input", "keep loader workers alive between epochs"),
         Knob("prefetch_factor", "int", None, "input", "batches prefetched per worker", minimum=1, nullable=True),
         Knob("sync_every", "int", 1, "host", "read the loss on the host every N steps (0 = never), as logging does", minimum=0),
-        Knob("optimizer_impl", "choice", "default", "host", "optimizer kernel: default, foreach or fused", choices=OPTIMIZER_IMPL_VALUES),
+        Knob("optimizer_impl", "choice", "default", "host", "optimizer kernel: default, foreach or fused", choices=("default", "foreach", "fused")),
         Knob("threads", "int", None, "host", "CPU intra-op threads (torch.set_num_threads)", minimum=1, nullable=True),
         Knob("cudnn_benchmark", "bool", False, "backend", "let cuDNN pick the fastest convolution algorithms"),
-        Knob("compile", "choice", "off", "compile", "torch.compile mode", choices=COMPILE_VALUES),
+        Knob("compile", "choice", "off", "compile", "torch.compile mode", choices=("off", "default", "reduce-overhead", "max-autotune")),
     ]
 }
-
-# The checklist order used when the spec does not ask for its own order.
-GUIDE_ORDER = tuple(sorted(KNOBS, key=lambda n: STAGES.index(KNOBS[n].stage)))
 
 
 def format_value(value: Any) -> str:
@@ -154,21 +145,6 @@ def coerce_value(name: str, value: Any) -> Any:
     return value
 
 
-def validate_settings(values: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Merge ``values`` over ``base`` (defaults when omitted), checking every value.
-
-    Raises:
-        KnobValueError: With the knob name prefixed to the message.
-    """
-    merged = dict(default_settings() if base is None else base)
-    for name, value in values.items():
-        try:
-            merged[name] = coerce_value(name, value)
-        except KnobValueError as exc:
-            raise KnobValueError(f"{name}: {exc}") from None
-    return merged
-
-
 def _needs_workers(s: Mapping[str, Any]) -> str | None:
     if s.get("num_workers", 0) == 0:
         if s.get("persistent_workers"):
@@ -187,20 +163,10 @@ def _needs_cuda(s: Mapping[str, Any], device_type: str) -> str | None:
     return None
 
 
-_RULES: tuple[Callable[..., str | None], ...] = (_needs_workers,)
-
-
 def not_applicable_reason(settings: Mapping[str, Any], device_type: str) -> str | None:
     """Why these settings cannot apply on ``device_type``, or None when they can.
 
     A knob that would be a silent no-op on this device is reported, not run, so a
     verdict is never drawn from a change that changed nothing.
     """
-    reason = _needs_cuda(settings, device_type)
-    if reason:
-        return reason
-    for rule in _RULES:
-        reason = rule(settings)
-        if reason:
-            return reason
-    return None
+    return _needs_cuda(settings, device_type) or _needs_workers(settings)

@@ -106,6 +106,8 @@ class TrialResult:
     last_loss: float | None = None
     steps: int = 0
     dataset_len: int | None = None
+    # fp16 only: the GradScaler's initial and final scale, growth interval, optimizer steps.
+    grad_scaler: dict[str, Any] | None = None
     env: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     wall_s: float | None = None

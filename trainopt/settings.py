@@ -2,8 +2,13 @@
 
 ``best.yaml`` is written by ``trainopt search`` or by hand; a hand-written file needs only
 a ``settings:`` mapping (knobs left out take their defaults) and optionally ``device:``.
-``TrainSettings`` applies every knob the same way the measured loop did, so what a
-training run gets is what was measured::
+Three parts, each with one job:
+
+* the schema: ``SettingsRecord``, validated plain data (device, every knob, provenance);
+* file reading: ``read_settings_file`` (YAML to data) and ``record_from_document``
+  (data to a record), with errors naming the dotted field;
+* applying: ``TrainSettings`` hands every knob to ``trainopt.apply.Applier``, the same
+  code the measured trial loop runs, so what a training run gets is what was measured::
 
     s = load_settings("runs/resnet/best.yaml")
     s.apply_backend_flags()
@@ -23,12 +28,12 @@ torch is imported inside the methods only, so ``import trainopt`` stays light.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ContextManager, Mapping
 
 import yaml
@@ -40,10 +45,14 @@ from trainopt.knobs import KNOBS, KnobValueError, coerce_value, default_settings
 __all__ = [
     "SETTINGS_SCHEMA_VERSION",
     "SettingsError",
+    "SettingsRecord",
     "TrainSettingsWarning",
     "TrainSettings",
     "load_settings",
+    "read_settings_file",
+    "record_from_document",
     "settings_from_dict",
+    "validate_record",
 ]
 
 SETTINGS_SCHEMA_VERSION = 1
@@ -51,7 +60,6 @@ SETTINGS_KIND = "trainopt-settings"
 TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "provenance")
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-_COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
 
 
 class SettingsError(UserError):
@@ -121,37 +129,102 @@ def _check_fields(device: Any, settings: Any, provenance: Any) -> tuple[list[str
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    """Validated training-speed settings and the methods that apply them.
+class SettingsRecord:
+    """Validated settings as plain, read-only data: the schema of ``best.yaml``.
 
-    The fields are fixed once built; the only state that changes while training (the
-    fp16 gradient scaler, the resolved device) lives in private attributes.
+    Build it with ``validate_record`` or ``record_from_document``, which check every field.
 
     Attributes:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        settings: Every knob's value (knobs not given take their defaults). Treat it as
-            read-only.
+        settings: Every knob's value (knobs not given take their defaults), read-only.
         provenance: Where and how the settings were measured; empty for hand-written files.
         source: The file the settings were read from, for messages; None when built in code.
+    """
+
+    device: str
+    settings: Mapping[str, Any]
+    provenance: Mapping[str, Any]
+    source: str | None = None
+
+
+def validate_record(
+    device: Any = "auto", settings: Any = None, provenance: Any = None, source: str | None = None
+) -> SettingsRecord:
+    """Check device, knob values and provenance; return the complete record.
+
+    Raises:
+        SettingsError: Listing every invalid field with its dotted path.
+    """
+    problems, merged = _check_fields(device, settings, provenance)
+    if problems:
+        raise SettingsError(problems, source)
+    # Copies, so a caller changing its own dicts later cannot change these settings.
+    return SettingsRecord(device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source)
+
+
+class TrainSettings:
+    """Validated training-speed settings and the methods that apply them as measured.
+
+    The fields are read-only; the state that changes while training (the fp16 gradient
+    scaler, the resolved device) lives in the ``trainopt.apply.Applier`` built on first use.
+
+    Args:
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        settings: Knob values; knobs not given take their defaults.
+        provenance: Where and how the settings were measured.
+        source: The file the settings were read from, for messages.
 
     Raises:
         SettingsError: A field is invalid (raised on construction).
     """
 
-    device: str = "auto"
-    settings: dict[str, Any] = field(default_factory=default_settings)
-    provenance: dict[str, Any] = field(default_factory=dict)
-    source: str | None = None
-    _scaler: Any = field(default=None, init=False, repr=False, compare=False)
-    _device: Any = field(default=None, init=False, repr=False, compare=False)
+    def __init__(
+        self,
+        device: str = "auto",
+        settings: Mapping[str, Any] | None = None,
+        provenance: Mapping[str, Any] | None = None,
+        source: str | None = None,
+    ):
+        self._record = validate_record(device, settings, provenance, source)
+        self._applier = None
 
-    def __post_init__(self) -> None:
-        problems, merged = _check_fields(self.device, self.settings, self.provenance)
-        if problems:
-            raise SettingsError(problems, self.source)
-        # Copies, so a caller mutating its own dicts later cannot change these settings.
-        object.__setattr__(self, "settings", merged)
-        object.__setattr__(self, "provenance", dict(self.provenance or {}))
+    @classmethod
+    def from_record(cls, record: SettingsRecord) -> "TrainSettings":
+        """Wrap an already validated record."""
+        obj = cls.__new__(cls)
+        obj._record = record
+        obj._applier = None
+        return obj
+
+    def __repr__(self) -> str:
+        return f"TrainSettings(device={self.device!r}, settings={dict(self.settings)!r}, source={self.source!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrainSettings) and self._record == other._record
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def record(self) -> SettingsRecord:
+        """The validated plain data."""
+        return self._record
+
+    @property
+    def device(self) -> str:
+        return self._record.device
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """Every knob's value (read-only)."""
+        return self._record.settings
+
+    @property
+    def provenance(self) -> Mapping[str, Any]:
+        return self._record.provenance
+
+    @property
+    def source(self) -> str | None:
+        return self._record.source
 
     # ---- what was measured --------------------------------------------------------
 
@@ -181,7 +254,24 @@ class TrainSettings:
         keys = [k for k in COMPARED_KEYS if k in measured]
         return differences({k: measured[k] for k in keys}, {k: here.get(k) for k in keys})
 
-    # ---- applying the knobs -------------------------------------------------------
+    # ---- applying the knobs (all through trainopt.apply) ----------------------------
+
+    @property
+    def applier(self):
+        """The ``trainopt.apply.Applier`` for these settings on this machine's device.
+
+        Raises:
+            SettingsError: CUDA was asked for but is not available.
+        """
+        if self._applier is None:
+            from trainopt.apply import Applier, DeviceUnavailableError, resolve_device
+
+            try:
+                device = resolve_device(self.device)
+            except DeviceUnavailableError as exc:
+                raise SettingsError([str(exc)], self.source) from None
+            self._applier = Applier(self.settings, device)
+        return self._applier
 
     def device_obj(self):
         """The torch.device to train on; ``auto`` is CUDA when available, else CPU.
@@ -189,60 +279,25 @@ class TrainSettings:
         Raises:
             SettingsError: CUDA was asked for but is not available.
         """
-        if self._device is not None:
-            return self._device
-        import torch
-
-        if self.device == "auto":
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        else:
-            device = torch.device(self.device)
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise SettingsError(
-                    [f"device: {self.device!r} was asked for but CUDA is not available here; use device: auto or cpu"],
-                    self.source,
-                )
-        object.__setattr__(self, "_device", device)
-        return device
-
-    def _on_cuda(self) -> bool:
-        return self.device_obj().type == "cuda"
+        return self.applier.device
 
     def apply_backend_flags(self) -> None:
-        """Set the thread count, cuDNN benchmark and TF32 flags as measured.
+        """Set the thread count, cuDNN benchmark and both TF32 flags (matmul and cuDNN) as measured.
 
         The cuDNN and TF32 flags affect CUDA only; they are set on every device so a
         process that moves to CUDA later still runs as measured.
         """
-        import torch
-
-        s = self.settings
-        if s["threads"] is not None:
-            torch.set_num_threads(s["threads"])
-        torch.backends.cudnn.benchmark = bool(s["cudnn_benchmark"])
-        torch.backends.cuda.matmul.allow_tf32 = bool(s["tf32"])
-        torch.backends.cudnn.allow_tf32 = bool(s["tf32"])
+        self.applier.apply_backend_flags()
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (add ``shuffle`` yourself).
 
         ``drop_last`` is on because every measured batch had the same shape (a compiled
         model recompiles on a new shape). ``persistent_workers`` and ``prefetch_factor``
-        are left out without workers, where DataLoader rejects them.
+        are left out without workers, where DataLoader rejects them; ``pin_memory`` is on
+        only towards CUDA, where it was measured.
         """
-        s = self.settings
-        kwargs: dict[str, Any] = {
-            "batch_size": s["batch_size"],
-            "num_workers": s["num_workers"],
-            # Pinned memory only helps copies to an accelerator; on CPU it was not measured.
-            "pin_memory": bool(s["pin_memory"]) and self._on_cuda(),
-            "drop_last": True,
-        }
-        if s["num_workers"] > 0:
-            kwargs["persistent_workers"] = bool(s["persistent_workers"])
-            if s["prefetch_factor"] is not None:
-                kwargs["prefetch_factor"] = s["prefetch_factor"]
-        return kwargs
+        return self.applier.loader_kwargs()
 
     def prepare_model(self, model):
         """Move the model to the device, apply channels-last, switch to training, compile.
@@ -256,16 +311,7 @@ class TrainSettings:
             The module to call in the training loop (the compiled one when ``compile`` is
             on; it shares parameters with ``model``).
         """
-        import torch
-
-        s = self.settings
-        model = model.to(self.device_obj())
-        if s["channels_last"]:
-            model = model.to(memory_format=torch.channels_last)
-        model.train()
-        if s["compile"] != "off":
-            return torch.compile(model, mode=_COMPILE_MODES[s["compile"]])
-        return model
+        return self.applier.prepare_model(model)
 
     def to_device(self, x, y):
         """Move one batch to the device as measured (non-blocking from pinned memory).
@@ -277,30 +323,15 @@ class TrainSettings:
         Returns:
             ``(x, y)`` on the device.
         """
-        import torch
-
-        device = self.device_obj()
-        non_blocking = bool(self.settings["pin_memory"]) and device.type == "cuda"
-        x = x.to(device, non_blocking=non_blocking)
-        y = y.to(device, non_blocking=non_blocking)
-        if self.settings["channels_last"] and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return self.applier.to_device(x, y)
 
     def autocast_dtype(self):
         """The autocast dtype (``torch.bfloat16`` or ``torch.float16``), or None when amp is off."""
-        import torch
-
-        return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.settings["amp"]]
+        return self.applier.autocast_dtype()
 
     def autocast(self) -> ContextManager[Any]:
         """A context manager for the forward pass and loss: autocast, or nothing when amp is off."""
-        import torch
-
-        dtype = self.autocast_dtype()
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_obj().type, dtype=dtype)
+        return self.applier.autocast()
 
     @property
     def grad_scaler(self):
@@ -308,51 +339,38 @@ class TrainSettings:
 
         Save its ``state_dict()`` with your checkpoints so a resumed run keeps its scale.
         """
-        if self.settings["amp"] != "fp16":
-            return None
-        if self._scaler is None:
-            import torch
+        return self.applier.grad_scaler
 
-            object.__setattr__(self, "_scaler", torch.amp.GradScaler(self.device_obj().type))
-        return self._scaler
-
-    def backward_and_step(self, loss, optimizer, step: int) -> bool:
+    def backward_and_step(self, loss, optimizer, step: int | None = None) -> bool:
         """Backward one micro-batch; step the optimizer after every ``grad_accum``-th.
 
         Args:
             loss: The micro-batch loss (unscaled; it is divided by ``grad_accum`` here).
             optimizer: The optimizer to step.
-            step: The 0-based micro-batch index, counted across the whole run.
+            step: The 0-based micro-batch index, counted across the whole run (the same
+                index ``should_log`` takes). Left out, the micro-batches passed here so
+                far are counted instead.
 
         Returns:
             True when the optimizer stepped (and the gradients were reset).
         """
-        accum = self.settings["grad_accum"]
-        scaled = loss / accum if accum > 1 else loss
-        scaler = self.grad_scaler
-        if scaler is not None:
-            scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
-        if (step + 1) % accum:
-            return False
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return True
+        applier = self.applier
+        if step is not None:
+            applier.micro_steps = step
+        return applier.backward_and_step(loss, optimizer)
 
     def optimizer_kwargs(self) -> dict[str, bool]:
         """Keyword arguments for your optimizer's constructor: ``{}``, ``foreach`` or ``fused``."""
-        return {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[self.settings["optimizer_impl"]]
+        from trainopt.apply import optimizer_kwargs
+
+        return optimizer_kwargs(self.settings["optimizer_impl"])
 
     def should_log(self, step: int) -> bool:
         """Whether to read the loss on the host (``loss.item()``) after this micro-batch.
 
-        The measured loop read the loss every ``sync_every`` optimizer steps; each read
-        waits for the device, so logging more often than that is slower than measured.
+        The measured loop read the loss every ``sync_every`` optimizer steps counted over
+        the whole run; each read waits for the device, so logging more often than that
+        is slower than measured.
 
         Args:
             step: The same 0-based micro-batch index passed to ``backward_and_step``.
@@ -360,14 +378,16 @@ class TrainSettings:
         Returns:
             True after every ``sync_every``-th optimizer step; never when ``sync_every`` is 0.
         """
-        every, accum = self.settings["sync_every"], self.settings["grad_accum"]
-        if not every or (step + 1) % accum:
+        from trainopt.apply import should_read_loss
+
+        accum = self.settings["grad_accum"]
+        if (step + 1) % accum:
             return False
-        return ((step + 1) // accum) % every == 0
+        return should_read_loss(self.settings["sync_every"], (step + 1) // accum)
 
 
-def settings_from_dict(data: Any, source: str | None = None) -> TrainSettings:
-    """Build ``TrainSettings`` from a parsed ``best.yaml`` document.
+def record_from_document(data: Any, source: str | None = None) -> SettingsRecord:
+    """Check a parsed ``best.yaml`` document and return its validated record.
 
     Args:
         data: The parsed document.
@@ -408,14 +428,32 @@ def settings_from_dict(data: Any, source: str | None = None) -> TrainSettings:
         problems.append("settings: missing; add a 'settings:' mapping of knob: value (knobs left out take their defaults)")
     device = data.get("device", "auto")
     provenance = data.get("provenance")
-    field_problems, _ = _check_fields(device, data.get("settings"), provenance)
+    field_problems, merged = _check_fields(device, data.get("settings"), provenance)
     problems += field_problems
     if problems:
         raise SettingsError(problems, source)
-    return TrainSettings(device=device, settings=dict(data.get("settings") or {}), provenance=dict(provenance or {}), source=source)
+    return SettingsRecord(device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source)
 
 
-def _read_yaml(path: Path) -> Any:
+def settings_from_dict(data: Any, source: str | None = None) -> "TrainSettings":
+    """Build ``TrainSettings`` from a parsed ``best.yaml`` document.
+
+    Args:
+        data: The parsed document.
+        source: Where it came from, for messages.
+
+    Raises:
+        SettingsError: Listing every invalid field with its dotted path.
+    """
+    return TrainSettings.from_record(record_from_document(data, source))
+
+
+def read_settings_file(path: Path) -> Any:
+    """The parsed YAML document of a settings file (no validation).
+
+    Raises:
+        SettingsError: Missing, unreadable or non-UTF-8 file, or a YAML error with line and column.
+    """
     source = str(path)
     try:
         raw = path.read_bytes()
@@ -459,7 +497,7 @@ def load_settings(path: str | Path, warn: bool = True) -> TrainSettings:
             column), or invalid fields (with their dotted path).
     """
     path = Path(path)
-    settings = settings_from_dict(_read_yaml(path), source=str(path))
+    settings = settings_from_dict(read_settings_file(path), source=str(path))
     if warn:
         diffs = settings.environment_differences()
         if diffs:

@@ -1,0 +1,307 @@
+"""What each knob means in PyTorch, written once: the trial loop, ``load_settings()`` and the exports read it.
+
+Two layers:
+
+* Pure functions from a settings dict to plain data (which backend flags take which
+  value, the DataLoader keyword arguments, the compile mode, the optimizer keyword
+  arguments, the autocast dtype's name, when the loss is read). They import nothing
+  heavy, so ``trainopt export`` renders code from exactly the data the trial applied.
+* ``Applier``, which applies that data to torch objects: flags, device, memory format,
+  compile, autocast, the fp16 ``GradScaler``, gradient accumulation and the host-sync
+  cadence. torch is imported inside its methods, so ``import trainopt`` stays light.
+
+The measured state of each knob (what a pasted export must reproduce exactly):
+
+* ``threads``: ``torch.set_num_threads(n)``; null leaves PyTorch's own count.
+* ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark`` set to the value.
+* ``tf32``: ``torch.backends.cuda.matmul.allow_tf32`` *and* ``torch.backends.cudnn.allow_tf32``
+  set to the value. PyTorch's defaults differ between the two (matmul off, cuDNN on), so
+  both are always set: ``tf32: false`` means no TF32 anywhere, as measured.
+* ``pin_memory``: pinned batches and ``non_blocking`` copies, on CUDA only (on a CPU the
+  knob is not applicable and is applied as off).
+* ``channels_last``: the model and every 4-D input in channels-last memory format.
+* ``compile``: ``torch.compile(model, mode=...)``, ``default`` being mode None.
+* ``amp``: ``torch.autocast(device_type, dtype)`` over forward and loss; fp16 adds a
+  ``torch.amp.GradScaler``.
+* ``grad_accum``: each micro-batch loss divided by ``grad_accum``; the optimizer steps
+  (and gradients are reset with ``set_to_none=True``) after every ``grad_accum``-th.
+* ``sync_every``: the loss is read on the host after every N-th optimizer step, counted
+  over the whole run (0: never).
+* ``optimizer_impl``: ``foreach=True`` or ``fused=True`` passed to the optimizer.
+* Loader: ``batch_size``, ``num_workers``, ``drop_last=True`` (every measured batch had
+  the same shape; a compiled model recompiles on a new one), and ``persistent_workers`` /
+  ``prefetch_factor`` only with workers, where DataLoader accepts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any, ContextManager, Mapping
+
+__all__ = [
+    "AMP_DTYPES",
+    "COMPILE_MODES",
+    "OPTIMIZER_KWARGS",
+    "Applier",
+    "DeviceUnavailableError",
+    "backend_flags",
+    "compile_mode",
+    "device_type_of",
+    "loader_kwargs",
+    "optimizer_kwargs",
+    "pins_memory",
+    "resolve_device",
+    "should_read_loss",
+]
+
+# amp value -> the torch dtype's attribute name (None: full precision).
+AMP_DTYPES: dict[str, str | None] = {"off": None, "bf16": "bfloat16", "fp16": "float16"}
+# compile value -> torch.compile's ``mode`` argument ("off" is absent: not compiled).
+COMPILE_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
+OPTIMIZER_KWARGS: dict[str, dict[str, bool]] = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The settings ask for a device this machine does not have."""
+
+
+def device_type_of(device: str) -> str:
+    """``cuda`` or ``cpu`` for a device name; ``auto`` counts as ``cuda`` (it is CUDA where available)."""
+    return "cpu" if device == "cpu" else "cuda"
+
+
+def backend_flags(settings: Mapping[str, Any]) -> dict[str, bool]:
+    """The torch.backends attributes a trial sets, by dotted name, with their values.
+
+    Set on every device: they change nothing on a CPU, and a process that later moves to
+    CUDA then runs as measured.
+    """
+    return {
+        "torch.backends.cudnn.benchmark": bool(settings["cudnn_benchmark"]),
+        "torch.backends.cuda.matmul.allow_tf32": bool(settings["tf32"]),
+        "torch.backends.cudnn.allow_tf32": bool(settings["tf32"]),
+    }
+
+
+def pins_memory(settings: Mapping[str, Any], device_type: str) -> bool:
+    """Whether batches are pinned and copied non-blocking: only towards a CUDA device."""
+    return bool(settings["pin_memory"]) and device_type == "cuda"
+
+
+def loader_kwargs(settings: Mapping[str, Any], device_type: str) -> dict[str, Any]:
+    """DataLoader keyword arguments, without ``shuffle`` and ``generator`` (the caller's)."""
+    kwargs: dict[str, Any] = {
+        "batch_size": settings["batch_size"],
+        "num_workers": settings["num_workers"],
+        "pin_memory": pins_memory(settings, device_type),
+        "drop_last": True,
+    }
+    if settings["num_workers"] > 0:
+        kwargs["persistent_workers"] = bool(settings["persistent_workers"])
+        if settings["prefetch_factor"] is not None:
+            kwargs["prefetch_factor"] = settings["prefetch_factor"]
+    return kwargs
+
+
+def compile_mode(settings: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """``(compiled, mode)``: whether ``torch.compile`` runs and with which ``mode``."""
+    value = settings["compile"]
+    return (value != "off", COMPILE_MODES.get(value))
+
+
+def optimizer_kwargs(impl: str) -> dict[str, bool]:
+    """The optimizer constructor's keyword arguments for ``optimizer_impl``.
+
+    Raises:
+        ValueError: ``impl`` is not a known implementation.
+    """
+    if impl not in OPTIMIZER_KWARGS:
+        raise ValueError(f"optimizer_impl {impl!r} is not one of {', '.join(OPTIMIZER_KWARGS)}")
+    return dict(OPTIMIZER_KWARGS[impl])
+
+
+def should_read_loss(sync_every: int, optimizer_steps: int) -> bool:
+    """Whether the loss is read on the host now, after ``optimizer_steps`` steps of the run.
+
+    Counted over the whole run, as a logging loop counts, never per timing window: a
+    cadence longer than a window is still read at its cadence.
+    """
+    return bool(sync_every) and optimizer_steps > 0 and optimizer_steps % sync_every == 0
+
+
+def resolve_device(name: str):
+    """The torch.device for a device name; ``auto`` is CUDA when available, else CPU.
+
+    Raises:
+        DeviceUnavailableError: CUDA was asked for but is not available.
+    """
+    import torch
+
+    if not isinstance(name, str) or not _DEVICE_RE.match(name):
+        raise DeviceUnavailableError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            f"device: {name!r} was asked for but CUDA is not available here; use device: auto or cpu"
+        )
+    return device
+
+
+class Applier:
+    """Applies one complete, validated settings dict to torch objects.
+
+    Args:
+        settings: Every knob's value (see ``trainopt.knobs``).
+        device: The torch.device to train on.
+
+    Attributes:
+        micro_steps: Micro-batches backpropagated through ``backward_and_step`` so far.
+        optimizer_steps: Optimizer steps taken so far (fp16 steps the scaler skipped
+            for overflowing gradients included, as a training loop counts them).
+    """
+
+    def __init__(self, settings: Mapping[str, Any], device):
+        self.settings = dict(settings)
+        self.device = device
+        self.micro_steps = 0
+        self.optimizer_steps = 0
+        self._scaler = None
+
+    # ---- set-up ------------------------------------------------------------------
+
+    def apply_backend_flags(self) -> None:
+        """Set the thread count, cuDNN benchmark and both TF32 flags as measured."""
+        import torch
+
+        if self.settings["threads"] is not None:
+            torch.set_num_threads(self.settings["threads"])
+        for dotted, value in backend_flags(self.settings).items():
+            owner, _, attr = dotted.rpartition(".")
+            obj = torch
+            for part in owner.split(".")[1:]:
+                obj = getattr(obj, part)
+            setattr(obj, attr, value)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """DataLoader keyword arguments (add ``shuffle`` and a ``generator`` yourself)."""
+        return loader_kwargs(self.settings, self.device.type)
+
+    def optimizer_kwargs(self) -> dict[str, bool]:
+        """Keyword arguments for the optimizer's constructor."""
+        return optimizer_kwargs(self.settings["optimizer_impl"])
+
+    @property
+    def memory_format(self):
+        import torch
+
+        return torch.channels_last if self.settings["channels_last"] else torch.contiguous_format
+
+    def prepare_model(self, model):
+        """Move to the device, apply the memory format, switch to training, compile.
+
+        Returns:
+            The module to call (the compiled one when ``compile`` is on; it shares
+            parameters with ``model``, which is changed in place).
+        """
+        import torch
+
+        model = model.to(self.device)
+        if self.settings["channels_last"]:
+            model = model.to(memory_format=torch.channels_last)
+        model.train()
+        compiled, mode = compile_mode(self.settings)
+        return torch.compile(model, mode=mode) if compiled else model
+
+    def to_device(self, x, y):
+        """Move one batch to the device (non-blocking from pinned memory); 4-D inputs get the memory format."""
+        non_blocking = pins_memory(self.settings, self.device.type)
+        x = x.to(self.device, non_blocking=non_blocking)
+        y = y.to(self.device, non_blocking=non_blocking)
+        if self.settings["channels_last"] and x.dim() == 4:
+            x = x.contiguous(memory_format=self.memory_format)
+        return x, y
+
+    # ---- each step ---------------------------------------------------------------
+
+    def autocast_dtype(self):
+        """``torch.bfloat16`` / ``torch.float16``, or None when amp is off."""
+        import torch
+
+        name = AMP_DTYPES[self.settings["amp"]]
+        return getattr(torch, name) if name else None
+
+    def autocast(self) -> ContextManager[Any]:
+        """Autocast for forward and loss, or a no-op context when amp is off."""
+        import torch
+
+        dtype = self.autocast_dtype()
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    @property
+    def grad_scaler(self):
+        """The fp16 ``torch.amp.GradScaler`` (made on first use), or None for other amp values."""
+        if self.settings["amp"] != "fp16":
+            return None
+        if self._scaler is None:
+            import torch
+
+            self._scaler = torch.amp.GradScaler(self.device.type)
+        return self._scaler
+
+    def backward_and_step(self, loss, optimizer) -> bool:
+        """Backward one micro-batch; step the optimizer after every ``grad_accum``-th.
+
+        Args:
+            loss: The micro-batch loss, unscaled (divided by ``grad_accum`` here).
+            optimizer: The optimizer to step.
+
+        Returns:
+            True when the optimizer stepped (and the gradients were reset).
+        """
+        accum = self.settings["grad_accum"]
+        scaled = loss / accum if accum > 1 else loss
+        scaler = self.grad_scaler
+        if scaler is not None:
+            scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+        self.micro_steps += 1
+        if self.micro_steps % accum:
+            return False
+        if scaler is not None:
+            # No scale read here: get_scale() waits for the device, which the measured
+            # loop does only as sync_every asks (see scaler_state for the figures).
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        return True
+
+    def should_read_loss(self) -> bool:
+        """Whether to read the loss on the host now (after the latest optimizer step)."""
+        return should_read_loss(self.settings["sync_every"], self.optimizer_steps)
+
+    def scaler_state(self) -> dict[str, Any] | None:
+        """The fp16 scaler's figures, or None without a scaler; reads the scale (a device sync).
+
+        The scale halves on every step skipped for inf/NaN gradients and doubles only
+        after ``growth_interval`` clean steps in a row, so a run shorter than that with a
+        scale below the initial one skipped ``log2(initial / scale)`` steps.
+        """
+        if self._scaler is None:
+            return None
+        return {
+            "initial_scale": float(self._scaler.get_init_scale()),
+            "scale": float(self._scaler.get_scale()),
+            "growth_interval": int(self._scaler.get_growth_interval()),
+            "optimizer_steps": self.optimizer_steps,
+        }
