@@ -5,6 +5,12 @@ Formats: plain PyTorch (``torch``), PyTorch Lightning (``lightning``), Hugging F
 with where the settings were measured and how much faster they were, and names every
 knob: as code where the target can express it, otherwise as a comment saying what to do,
 so no measured setting is silently lost on the way into a training script.
+
+The code is rendered from ``trainopt.apply``'s data (backend flags, DataLoader keyword
+arguments, compile mode, autocast dtype, optimizer keyword arguments), the same data the
+trial applied, so every value that differs from PyTorch's default comes out as code. The
+backend flags are always written as code: PyTorch's own TF32 defaults differ between
+matmuls (off) and cuDNN (on), so leaving either out would not reproduce what was measured.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any, Callable
 
 import yaml
 
+from trainopt import apply
 from trainopt.errors import UserError
 from trainopt.knobs import KNOBS, format_value
 from trainopt.settings import SETTINGS_KIND, SETTINGS_SCHEMA_VERSION, TrainSettings, load_settings
@@ -26,8 +33,21 @@ class ExportError(UserError):
     """Nothing to export at the given path, or an unknown format."""
 
 
-_COMPILE_MODE_ARG = {"default": "", "reduce-overhead": ', mode="reduce-overhead"', "max-autotune": ', mode="max-autotune"'}
-_AMP_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+# Which knob each backend flag carries, for the comment beside its line.
+_FLAG_KNOB = {
+    "torch.backends.cudnn.benchmark": "cudnn_benchmark",
+    "torch.backends.cuda.matmul.allow_tf32": "tf32",
+    "torch.backends.cudnn.allow_tf32": "tf32",
+}
+# DataLoader keyword -> (knob, TrainingArguments keyword).
+_LOADER_ARGS = {
+    "batch_size": ("batch_size", "per_device_train_batch_size"),
+    "num_workers": ("num_workers", "dataloader_num_workers"),
+    "pin_memory": ("pin_memory", "dataloader_pin_memory"),
+    "drop_last": (None, "dataloader_drop_last"),
+    "persistent_workers": ("persistent_workers", "dataloader_persistent_workers"),
+    "prefetch_factor": ("prefetch_factor", "dataloader_prefetch_factor"),
+}
 _LIGHTNING_PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 
@@ -80,58 +100,64 @@ def _header(s: TrainSettings, source: str) -> list[str]:
     return lines
 
 
-def _loader_lines(s: TrainSettings, indent: str, pin_on: bool) -> list[str]:
+def _device_type(s: TrainSettings) -> str:
+    return apply.device_type_of(s.device)
+
+
+def _loader_kwargs(s: TrainSettings) -> dict[str, Any]:
+    return apply.loader_kwargs(s.settings, _device_type(s))
+
+
+def _loader_comment(s: TrainSettings, key: str) -> str:
+    knob = _LOADER_ARGS[key][0]
+    if knob is None:
+        return "every batch the same shape, as measured (a compiled model would recompile)"
+    if key == "pin_memory" and s.settings["pin_memory"] and not apply.pins_memory(s.settings, _device_type(s)):
+        return f"{_knob(s, knob)}, but pinning helps CUDA copies only"
+    return _knob(s, knob)
+
+
+def _loader_leftovers(s: TrainSettings, kwargs: dict[str, Any]) -> list[str]:
+    """Comments for the input knobs the loader does not take with these settings."""
+    missing = [name for name in ("persistent_workers", "prefetch_factor") if name not in kwargs]
+    if not missing:
+        return []
+    if s.settings["num_workers"] == 0:
+        return [f"# {', '.join(_knob(s, n) for n in missing)}: apply only with num_workers > 0"]
+    return [f"# {_knob(s, 'prefetch_factor')} -> DataLoader's default"]
+
+
+def _loader_lines(s: TrainSettings, indent: str) -> list[str]:
     """The DataLoader keyword lines, every input knob present as code or comment."""
-    v = s.settings
-    lines = [
-        f"{indent}batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}",
-        f"{indent}shuffle=True,",
-        f"{indent}drop_last=True,  # every batch the same shape, as measured (a compiled model would recompile)",
-        f"{indent}num_workers={v['num_workers']},  # {_knob(s, 'num_workers')}",
-    ]
-    if v["pin_memory"] and not pin_on:
-        lines.append(f"{indent}pin_memory=False,  # {_knob(s, 'pin_memory')}, but pinning helps CUDA copies only")
+    kwargs = _loader_kwargs(s)
+    lines = [f"{indent}shuffle=True,"]
+    lines += [f"{indent}{key}={value!r},  # {_loader_comment(s, key)}" for key, value in kwargs.items()]
+    return lines + [indent + line for line in _loader_leftovers(s, kwargs)]
+
+
+def _backend_lines(s: TrainSettings) -> list[str]:
+    """Threads and every backend flag, as the trial set them."""
+    if s.settings["threads"] is not None:
+        lines = [f"torch.set_num_threads({s.settings['threads']})  # {_knob(s, 'threads')}"]
     else:
-        lines.append(f"{indent}pin_memory={v['pin_memory']},  # {_knob(s, 'pin_memory')}")
-    if v["num_workers"] > 0:
-        lines.append(f"{indent}persistent_workers={v['persistent_workers']},  # {_knob(s, 'persistent_workers')}")
-        if v["prefetch_factor"] is not None:
-            lines.append(f"{indent}prefetch_factor={v['prefetch_factor']},  # {_knob(s, 'prefetch_factor')}")
-        else:
-            lines.append(f"{indent}# {_knob(s, 'prefetch_factor')} -> DataLoader's default")
-    else:
-        lines.append(f"{indent}# {_knob(s, 'persistent_workers')}, {_knob(s, 'prefetch_factor')}: apply only with num_workers > 0")
+        lines = [f"# {_knob(s, 'threads')} -> PyTorch's default thread count"]
+    lines += [f"{flag} = {value}  # {_knob(s, _FLAG_KNOB[flag])}" for flag, value in apply.backend_flags(s.settings).items()]
     return lines
 
 
-def _pin_applies(s: TrainSettings) -> bool:
-    # pin_memory was measured only where it can matter: copies to a CUDA device.
-    return bool(s.settings["pin_memory"]) and s.device != "cpu"
-
-
-def _threads_line(s: TrainSettings) -> str:
-    if s.settings["threads"] is not None:
-        return f"torch.set_num_threads({s.settings['threads']})  # {_knob(s, 'threads')}"
-    return f"# {_knob(s, 'threads')} -> PyTorch's default thread count"
-
-
-def _cudnn_line(s: TrainSettings) -> str:
-    if s.settings["cudnn_benchmark"]:
-        return f"torch.backends.cudnn.benchmark = True  # {_knob(s, 'cudnn_benchmark')}"
-    return f"# {_knob(s, 'cudnn_benchmark')} -> leave torch.backends.cudnn.benchmark off"
-
-
-def _tf32_lines(s: TrainSettings) -> list[str]:
-    if s.settings["tf32"]:
-        return [
-            f"torch.backends.cuda.matmul.allow_tf32 = True  # {_knob(s, 'tf32')}",
-            "torch.backends.cudnn.allow_tf32 = True",
-        ]
-    return [f"# {_knob(s, 'tf32')} -> TF32 off, as measured (torch.backends.cudnn.allow_tf32 = False for convolutions too)"]
-
-
 def _compile_call(s: TrainSettings) -> str:
-    return f"model = torch.compile(model{_COMPILE_MODE_ARG[s.settings['compile']]})  # {_knob(s, 'compile')}"
+    _, mode = apply.compile_mode(s.settings)
+    arg = f", mode={mode!r}".replace("'", '"') if mode else ""
+    return f"model = torch.compile(model{arg})  # {_knob(s, 'compile')}"
+
+
+def _optimizer_args(s: TrainSettings) -> str:
+    return "".join(f", {k}={v}" for k, v in apply.optimizer_kwargs(s.settings["optimizer_impl"]).items())
+
+
+def _amp_dtype(s: TrainSettings) -> str | None:
+    name = apply.AMP_DTYPES[s.settings["amp"]]
+    return f"torch.{name}" if name else None
 
 
 def _device_expr(s: TrainSettings) -> str:
@@ -149,13 +175,11 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         "from torch.utils.data import DataLoader",
         "",
         f"device = {_device_expr(s)}  # device: {s.device}",
-        _threads_line(s),
-        _cudnn_line(s),
-        *_tf32_lines(s),
+        *_backend_lines(s),
         "",
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
-        *_loader_lines(s, "    ", _pin_applies(s)),
+        *_loader_lines(s, "    "),
         ")",
         "",
         "model = model.to(device)  # your nn.Module",
@@ -165,9 +189,8 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
     else:
         lines.append(f"# {_knob(s, 'channels_last')} -> default memory format")
     lines.append("model.train()")
-    opt_kwargs = {"default": "", "foreach": ", foreach=True", "fused": ", fused=True"}[v["optimizer_impl"]]
     lines.append(
-        f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{opt_kwargs})  "
+        f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{_optimizer_args(s)})  "
         f"# your optimizer; {_knob(s, 'optimizer_impl')}"
     )
     if v["compile"] != "off":
@@ -181,7 +204,7 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         "",
         "for step, (x, y) in enumerate(loader):",
     ]
-    if _pin_applies(s):
+    if apply.pins_memory(v, _device_type(s)):
         lines += [
             "    x = x.to(device, non_blocking=True)  # from pinned memory",
             "    y = y.to(device, non_blocking=True)",
@@ -191,7 +214,7 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
     if v["channels_last"]:
         lines.append("    x = x.contiguous(memory_format=torch.channels_last)  # 4-D inputs only")
     if v["amp"] != "off":
-        lines.append(f"    with torch.autocast(device.type, dtype={_AMP_DTYPE[v['amp']]}):  # {_knob(s, 'amp')}")
+        lines.append(f"    with torch.autocast(device.type, dtype={_amp_dtype(s)}):  # {_knob(s, 'amp')}")
         lines.append("        loss = loss_fn(model(x), y)  # your loss")
     else:
         lines.append(f"    loss = loss_fn(model(x), y)  # your loss; {_knob(s, 'amp')} (full precision)")
@@ -233,17 +256,11 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
         "import torch",
         "from torch.utils.data import DataLoader",
         "",
-        _threads_line(s),
-    ]
-    if v["tf32"]:
-        lines.append(f'torch.set_float32_matmul_precision("high")  # {_knob(s, "tf32")}')
-    else:
-        lines.append(f'# {_knob(s, "tf32")} -> keep torch.set_float32_matmul_precision("highest"), the default')
-    lines += [
+        *_backend_lines(s),
         "",
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
-        *_loader_lines(s, "    ", _pin_applies(s)),
+        *_loader_lines(s, "    "),
         ")",
         "",
         "# In your LightningModule:",
@@ -255,11 +272,8 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
         ]
     else:
         lines.append(f"#   {_knob(s, 'channels_last')} -> default memory format")
-    opt = {
-        "default": "default optimizer arguments",
-        "foreach": "pass foreach=True to your optimizer in configure_optimizers()",
-        "fused": "pass fused=True to your optimizer in configure_optimizers()",
-    }[v["optimizer_impl"]]
+    extra = _optimizer_args(s).lstrip(", ")
+    opt = f"pass {extra} to your optimizer in configure_optimizers()" if extra else "default optimizer arguments"
     lines.append(f"#   {_knob(s, 'optimizer_impl')} -> {opt}")
     if v["compile"] != "off":
         lines.append(_compile_call(s))
@@ -270,6 +284,7 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
     lines += [
         f'    precision="{_LIGHTNING_PRECISION[v["amp"]]}",  # {_knob(s, "amp")}',
         f"    accumulate_grad_batches={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
+        # Lightning sets cudnn.benchmark from this argument, so it repeats the flag above.
         f"    benchmark={v['cudnn_benchmark']},  # {_knob(s, 'cudnn_benchmark')}",
     ]
     if v["sync_every"]:
@@ -285,13 +300,11 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
 
 def _render_hf(s: TrainSettings, header: list[str]) -> str:
     v = s.settings
-    workers = v["num_workers"]
     lines = header + [
         "import torch",
         "from transformers import TrainingArguments",
         "",
-        _threads_line(s),
-        _cudnn_line(s),
+        *_backend_lines(s),
     ]
     if v["channels_last"]:
         lines.append(
@@ -312,7 +325,6 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
     if s.device == "cpu":
         lines.append("    use_cpu=True,  # device: cpu")
     lines += [
-        f"    per_device_train_batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}",
         f"    gradient_accumulation_steps={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
     ]
     if v["amp"] == "bf16":
@@ -321,25 +333,19 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
         lines.append(f"    fp16=True,  # {_knob(s, 'amp')} (the Trainer adds the GradScaler)")
     else:
         lines.append(f"    # {_knob(s, 'amp')} -> leave bf16 and fp16 False (full precision)")
-    lines += [
-        f"    tf32={v['tf32']},  # {_knob(s, 'tf32')}",
-        "    dataloader_drop_last=True,  # every batch the same shape, as measured",
-        f"    dataloader_num_workers={workers},  # {_knob(s, 'num_workers')}",
-        # The Trainer pins memory unless told not to, so the measured value is always written.
-        f"    dataloader_pin_memory={_pin_applies(s)},  # {_knob(s, 'pin_memory')}",
-    ]
-    if workers > 0:
-        lines.append(f"    dataloader_persistent_workers={v['persistent_workers']},  # {_knob(s, 'persistent_workers')}")
-        if v["prefetch_factor"] is not None:
-            lines.append(f"    dataloader_prefetch_factor={v['prefetch_factor']},  # {_knob(s, 'prefetch_factor')}")
-        else:
-            lines.append(f"    # {_knob(s, 'prefetch_factor')} -> DataLoader's default")
-    else:
-        lines.append(f"    # {_knob(s, 'persistent_workers')}, {_knob(s, 'prefetch_factor')}: apply only with workers")
+    # The Trainer sets both TF32 flags from this argument, so it repeats the flags above.
+    lines.append(f"    tf32={v['tf32']},  # {_knob(s, 'tf32')}")
+    # Every loader argument is written: the Trainer's own defaults differ from DataLoader's
+    # (it pins memory unless told not to).
+    kwargs = _loader_kwargs(s)
+    for key, value in kwargs.items():
+        lines.append(f"    {_LOADER_ARGS[key][1]}={value!r},  # {_loader_comment(s, key)}")
+    lines += ["    " + line for line in _loader_leftovers(s, kwargs)]
     if v["compile"] != "off":
         lines.append(f"    torch_compile=True,  # {_knob(s, 'compile')}")
-        if v["compile"] != "default":
-            lines.append(f'    torch_compile_mode="{v["compile"]}",')
+        _, mode = apply.compile_mode(v)
+        if mode:
+            lines.append(f'    torch_compile_mode="{mode}",')
     else:
         lines.append(f"    # {_knob(s, 'compile')} -> leave torch_compile False")
     if v["sync_every"]:
