@@ -42,6 +42,7 @@ from typing import Any, ContextManager, Mapping
 __all__ = [
     "AMP_DTYPES",
     "COMPILE_MODES",
+    "GRAD_SCALER_INIT_SCALE",
     "OPTIMIZER_KWARGS",
     "Applier",
     "DeviceUnavailableError",
@@ -59,6 +60,8 @@ __all__ = [
 AMP_DTYPES: dict[str, str | None] = {"off": None, "bf16": "bfloat16", "fp16": "float16"}
 # compile value -> torch.compile's ``mode`` argument ("off" is absent: not compiled).
 COMPILE_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
+# PyTorch's default, written out so the scaler's figures can name it.
+GRAD_SCALER_INIT_SCALE = 2.0**16
 OPTIMIZER_KWARGS: dict[str, dict[str, bool]] = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -252,7 +255,7 @@ class Applier:
         if self._scaler is None:
             import torch
 
-            self._scaler = torch.amp.GradScaler(self.device.type)
+            self._scaler = torch.amp.GradScaler(self.device.type, init_scale=GRAD_SCALER_INIT_SCALE)
         return self._scaler
 
     def backward_and_step(self, loss, optimizer) -> bool:
@@ -300,7 +303,7 @@ class Applier:
         if self._scaler is None:
             return None
         return {
-            "initial_scale": float(self._scaler.get_init_scale()),
+            "initial_scale": GRAD_SCALER_INIT_SCALE,
             "scale": float(self._scaler.get_scale()),
             "growth_interval": int(self._scaler.get_growth_interval()),
             "optimizer_steps": self.optimizer_steps,
