@@ -151,6 +151,12 @@ def _compile_call(s: TrainSettings) -> str:
     return f"model = torch.compile(model{arg})  # {_knob(s, 'compile')}"
 
 
+def _model_format_line(s: TrainSettings) -> str:
+    if s.settings["channels_last"]:
+        return f"model = model.to(memory_format=torch.channels_last)  # {_knob(s, 'channels_last')}"
+    return f"# {_knob(s, 'channels_last')} -> default memory format"
+
+
 def _optimizer_args(s: TrainSettings) -> str:
     return "".join(f", {k}={v}" for k, v in apply.optimizer_kwargs(s.settings["optimizer_impl"]).items())
 
@@ -184,10 +190,7 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         "",
         "model = model.to(device)  # your nn.Module",
     ]
-    if v["channels_last"]:
-        lines.append(f"model = model.to(memory_format=torch.channels_last)  # {_knob(s, 'channels_last')}")
-    else:
-        lines.append(f"# {_knob(s, 'channels_last')} -> default memory format")
+    lines.append(_model_format_line(s))
     lines.append("model.train()")
     lines.append(
         f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{_optimizer_args(s)})  "
@@ -263,15 +266,11 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
         *_loader_lines(s, "    "),
         ")",
         "",
+        _model_format_line(s),
         "# In your LightningModule:",
     ]
     if v["channels_last"]:
-        lines += [
-            f"#   {_knob(s, 'channels_last')} -> before fit: model = model.to(memory_format=torch.channels_last),",
-            "#   and in training_step: x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs",
-        ]
-    else:
-        lines.append(f"#   {_knob(s, 'channels_last')} -> default memory format")
+        lines.append("#   in training_step: x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs")
     extra = _optimizer_args(s).lstrip(", ")
     opt = f"pass {extra} to your optimizer in configure_optimizers()" if extra else "default optimizer arguments"
     lines.append(f"#   {_knob(s, 'optimizer_impl')} -> {opt}")
@@ -306,13 +305,9 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
         "",
         *_backend_lines(s),
     ]
+    lines.append(_model_format_line(s))
     if v["channels_last"]:
-        lines.append(
-            f"model = model.to(memory_format=torch.channels_last)  # {_knob(s, 'channels_last')}; "
-            "4-D inputs: convert them in your data collator"
-        )
-    else:
-        lines.append(f"# {_knob(s, 'channels_last')} -> default memory format")
+        lines.append("# 4-D inputs: convert them with x.contiguous(memory_format=torch.channels_last) in your data collator")
     if s.device == "auto":
         lines.append("# device: auto -> the Trainer picks CUDA when available")
     elif s.device.startswith("cuda:"):
@@ -333,7 +328,7 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
         lines.append(f"    fp16=True,  # {_knob(s, 'amp')} (the Trainer adds the GradScaler)")
     else:
         lines.append(f"    # {_knob(s, 'amp')} -> leave bf16 and fp16 False (full precision)")
-    # The Trainer sets both TF32 flags from this argument, so it repeats the flags above.
+    # The Trainer sets the matmul TF32 flag from this argument; the lines above set both flags.
     lines.append(f"    tf32={v['tf32']},  # {_knob(s, 'tf32')}")
     # Every loader argument is written: the Trainer's own defaults differ from DataLoader's
     # (it pins memory unless told not to).
