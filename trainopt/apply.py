@@ -42,6 +42,7 @@ from typing import Any, ContextManager, Mapping
 __all__ = [
     "AMP_DTYPES",
     "COMPILE_MODES",
+    "DEVICE_PATTERN",
     "GRAD_SCALER_INIT_SCALE",
     "OPTIMIZER_KWARGS",
     "Applier",
@@ -64,7 +65,7 @@ COMPILE_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "red
 GRAD_SCALER_INIT_SCALE = 2.0**16
 OPTIMIZER_KWARGS: dict[str, dict[str, bool]] = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -143,7 +144,7 @@ def resolve_device(name: str):
     """
     import torch
 
-    if not isinstance(name, str) or not _DEVICE_RE.match(name):
+    if not isinstance(name, str) or not DEVICE_PATTERN.match(name):
         raise DeviceUnavailableError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

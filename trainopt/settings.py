@@ -29,7 +29,6 @@ torch is imported inside the methods only, so ``import trainopt`` stays light.
 from __future__ import annotations
 
 import difflib
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any, ContextManager, Mapping
 import yaml
 
 from trainopt import __version__
+from trainopt.apply import DEVICE_PATTERN
 from trainopt.errors import UserError
 from trainopt.knobs import KNOBS, KnobValueError, coerce_value, default_settings
 
@@ -59,7 +59,6 @@ SETTINGS_SCHEMA_VERSION = 1
 SETTINGS_KIND = "trainopt-settings"
 TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "provenance")
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 class SettingsError(UserError):
@@ -93,7 +92,7 @@ def _did_you_mean(name: str, known: tuple[str, ...] | list[str]) -> str:
 def _check_fields(device: Any, settings: Any, provenance: Any) -> tuple[list[str], dict[str, Any]]:
     """Check device, settings and provenance; return the problems and the complete settings."""
     problems: list[str] = []
-    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+    if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
         problems.append(f"device: {device!r} is not one of auto, cpu, cuda, cuda:N")
     merged = default_settings()
     if settings is None:
