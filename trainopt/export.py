@@ -252,6 +252,80 @@ def _lightning_device(s: TrainSettings) -> list[str]:
     return [f'    accelerator="gpu",  {note}', f"    devices=[{index}]," if index else "    devices=1,"]
 
 
+def _lightning_sync(s: TrainSettings) -> list[str]:
+    if s.settings["sync_every"]:
+        return [f"log_every_n_steps={s.settings['sync_every']},  # {_knob(s, 'sync_every')}"]
+    return [f"# {_knob(s, 'sync_every')} -> the loss was never read during training; log rarely and keep prog_bar=False in self.log"]
+
+
+def _hf_amp(s: TrainSettings) -> list[str]:
+    amp = s.settings["amp"]
+    if amp == "bf16":
+        return [f"bf16=True,  # {_knob(s, 'amp')}"]
+    if amp == "fp16":
+        return [f"fp16=True,  # {_knob(s, 'amp')} (the Trainer adds the GradScaler)"]
+    return [f"# {_knob(s, 'amp')} -> leave bf16 and fp16 False (full precision)"]
+
+
+def _hf_compile(s: TrainSettings) -> list[str]:
+    compiled, mode = apply.compile_mode(s.settings)
+    if not compiled:
+        return [f"# {_knob(s, 'compile')} -> leave torch_compile False"]
+    return [f"torch_compile=True,  # {_knob(s, 'compile')}"] + ([f'torch_compile_mode="{mode}",'] if mode else [])
+
+
+def _hf_sync(s: TrainSettings) -> list[str]:
+    if s.settings["sync_every"]:
+        return [f"logging_steps={s.settings['sync_every']},  # {_knob(s, 'sync_every')}"]
+    return [f'logging_strategy="no",  # {_knob(s, "sync_every")}: the loss was never read during training']
+
+
+def _hf_optimizer(s: TrainSettings) -> list[str]:
+    impl = s.settings["optimizer_impl"]
+    if impl == "fused":
+        return [f'optim="adamw_torch_fused",  # {_knob(s, "optimizer_impl")}; for another optimizer pass fused=True to its constructor']
+    if impl == "foreach":
+        return [f"# {_knob(s, 'optimizer_impl')} -> the default adamw_torch uses foreach kernels on CUDA; for your own optimizer pass foreach=True"]
+    return [f"# {_knob(s, 'optimizer_impl')} -> the default optimizer implementation"]
+
+
+def _lightning_optimizer(s: TrainSettings) -> list[str]:
+    extra = _optimizer_args(s).lstrip(", ")
+    what = f"pass {extra} to your optimizer in configure_optimizers()" if extra else "default optimizer arguments"
+    return [f"# {_knob(s, 'optimizer_impl')} -> {what}"]
+
+
+# How each knob that a trainer takes as an argument is written for it, once per knob:
+# (Lightning's Trainer, Hugging Face's TrainingArguments). None: the knob is written
+# elsewhere for that framework (backend flags and the loader above, compile for Lightning).
+_TRAINER_ARGS: dict[str, tuple[Callable[[TrainSettings], list[str]] | None, Callable[[TrainSettings], list[str]] | None]] = {
+    "amp": (
+        lambda s: [f'precision="{_LIGHTNING_PRECISION[s.settings["amp"]]}",  # {_knob(s, "amp")}'],
+        _hf_amp,
+    ),
+    "grad_accum": (
+        lambda s: [f"accumulate_grad_batches={s.settings['grad_accum']},  # {_knob(s, 'grad_accum')}"],
+        lambda s: [f"gradient_accumulation_steps={s.settings['grad_accum']},  # {_knob(s, 'grad_accum')}"],
+    ),
+    # Lightning sets cudnn.benchmark from its argument, so it repeats the flag set above.
+    "cudnn_benchmark": (lambda s: [f"benchmark={s.settings['cudnn_benchmark']},  # {_knob(s, 'cudnn_benchmark')}"], None),
+    # The Trainer sets the matmul TF32 flag from this argument; the lines above set both flags.
+    "tf32": (None, lambda s: [f"tf32={s.settings['tf32']},  # {_knob(s, 'tf32')}"]),
+    "sync_every": (_lightning_sync, _hf_sync),
+    "compile": (None, _hf_compile),
+    "optimizer_impl": (_lightning_optimizer, _hf_optimizer),
+}
+
+
+def _trainer_arg_lines(s: TrainSettings, framework: str) -> list[str]:
+    column = {"lightning": 0, "hf": 1}[framework]
+    lines = []
+    for render in (pair[column] for pair in _TRAINER_ARGS.values()):
+        if render is not None:
+            lines += ["    " + line for line in render(s)]
+    return lines
+
+
 def _render_lightning(s: TrainSettings, header: list[str]) -> str:
     v = s.settings
     lines = header + [
@@ -271,28 +345,13 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
     ]
     if v["channels_last"]:
         lines.append("#   in training_step: x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs")
-    extra = _optimizer_args(s).lstrip(", ")
-    opt = f"pass {extra} to your optimizer in configure_optimizers()" if extra else "default optimizer arguments"
-    lines.append(f"#   {_knob(s, 'optimizer_impl')} -> {opt}")
     if v["compile"] != "off":
         lines.append(_compile_call(s))
     else:
         lines.append(f"# {_knob(s, 'compile')} -> not compiled")
     lines += ["", "trainer = L.Trainer("]
     lines += _lightning_device(s)
-    lines += [
-        f'    precision="{_LIGHTNING_PRECISION[v["amp"]]}",  # {_knob(s, "amp")}',
-        f"    accumulate_grad_batches={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
-        # Lightning sets cudnn.benchmark from this argument, so it repeats the flag above.
-        f"    benchmark={v['cudnn_benchmark']},  # {_knob(s, 'cudnn_benchmark')}",
-    ]
-    if v["sync_every"]:
-        lines.append(f"    log_every_n_steps={v['sync_every']},  # {_knob(s, 'sync_every')}")
-    else:
-        lines.append(
-            f"    # {_knob(s, 'sync_every')} -> the loss was never read during training; "
-            "log rarely and keep prog_bar=False in self.log"
-        )
+    lines += _trainer_arg_lines(s, "lightning")
     lines += [")", "trainer.fit(model, train_dataloaders=loader)"]
     return "\n".join(lines) + "\n"
 
@@ -319,46 +378,13 @@ def _render_hf(s: TrainSettings, header: list[str]) -> str:
     ]
     if s.device == "cpu":
         lines.append("    use_cpu=True,  # device: cpu")
-    lines += [
-        f"    gradient_accumulation_steps={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
-    ]
-    if v["amp"] == "bf16":
-        lines.append(f"    bf16=True,  # {_knob(s, 'amp')}")
-    elif v["amp"] == "fp16":
-        lines.append(f"    fp16=True,  # {_knob(s, 'amp')} (the Trainer adds the GradScaler)")
-    else:
-        lines.append(f"    # {_knob(s, 'amp')} -> leave bf16 and fp16 False (full precision)")
-    # The Trainer sets the matmul TF32 flag from this argument; the lines above set both flags.
-    lines.append(f"    tf32={v['tf32']},  # {_knob(s, 'tf32')}")
+    lines += _trainer_arg_lines(s, "hf")
     # Every loader argument is written: the Trainer's own defaults differ from DataLoader's
     # (it pins memory unless told not to).
     kwargs = _loader_kwargs(s)
     for key, value in kwargs.items():
         lines.append(f"    {_LOADER_ARGS[key][1]}={value!r},  # {_loader_comment(s, key)}")
     lines += ["    " + line for line in _loader_leftovers(s, kwargs)]
-    if v["compile"] != "off":
-        lines.append(f"    torch_compile=True,  # {_knob(s, 'compile')}")
-        _, mode = apply.compile_mode(v)
-        if mode:
-            lines.append(f'    torch_compile_mode="{mode}",')
-    else:
-        lines.append(f"    # {_knob(s, 'compile')} -> leave torch_compile False")
-    if v["sync_every"]:
-        lines.append(f"    logging_steps={v['sync_every']},  # {_knob(s, 'sync_every')}")
-    else:
-        lines.append(f'    logging_strategy="no",  # {_knob(s, "sync_every")}: the loss was never read during training')
-    if v["optimizer_impl"] == "fused":
-        lines.append(
-            f'    optim="adamw_torch_fused",  # {_knob(s, "optimizer_impl")}; '
-            "for another optimizer pass fused=True to its constructor"
-        )
-    elif v["optimizer_impl"] == "foreach":
-        lines.append(
-            f"    # {_knob(s, 'optimizer_impl')} -> the default adamw_torch uses foreach kernels on CUDA; "
-            "for your own optimizer pass foreach=True"
-        )
-    else:
-        lines.append(f"    # {_knob(s, 'optimizer_impl')} -> the default optimizer implementation")
     lines.append(")")
     return "\n".join(lines) + "\n"
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ContextManager, Mapping
