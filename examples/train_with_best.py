@@ -8,7 +8,7 @@ Usage::
 This is the pattern to copy into a real training script: load ``best.yaml``, let
 ``TrainSettings`` set up the loader, model, optimizer and precision, and keep the
 measured loss-logging cadence. ``--report-json`` records what was actually in effect
-(loader, autocast dtype, memory format, loss), to check the settings really applied.
+(loader, backend flags, autocast dtype, memory format, loss), to check the settings really applied.
 """
 
 from __future__ import annotations
@@ -120,6 +120,11 @@ def train(args: argparse.Namespace) -> dict:
         if weight is None
         else bool(weight.is_contiguous(memory_format=torch.channels_last)),
         "compiled": model is not net,
+        "backend_flags": {
+            "cudnn.benchmark": torch.backends.cudnn.benchmark,
+            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        },
         "optimizer_steps": optimizer_steps,
         "steps": optimizer_steps,
         "micro_batches": step,

@@ -1,8 +1,8 @@
 """One rank of a data-parallel trial: ``torchrun ... -m trainopt.ddp REQUEST.json``.
 
-Every rank builds the same workload (same seed), wraps the model in
-``DistributedDataParallel`` with the DDP knobs' arguments, reads its own shard through a
-``DistributedSampler``, and runs the same timed loop as a single-process trial with the
+Every rank builds the same workload (same seed); the applier (``trainopt.apply``) wraps
+the model in ``DistributedDataParallel`` with the DDP knobs' arguments and gives the
+loader this rank's ``DistributedSampler``; every rank runs the same timed loop as a single-process trial with the
 window edges bounded by barriers (``measure.measure_throughput(group=...)``). The ranks'
 window times are gathered to rank 0, which writes the one ``TrialResult``.
 
@@ -31,51 +31,28 @@ from trainopt import distributed, knobs
 from trainopt.atomic import write_json_atomic
 from trainopt.launch import rank_status_path
 from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.worker import _cap_memory, _last_line, _resolve_device, fill_result, is_out_of_memory
+from trainopt.worker import _cap_memory, _last_line, fill_result, is_out_of_memory
 
-__all__ = ["RankGroup", "has_forward_sync_buffers", "run_rank", "main"]
-
-
-def has_forward_sync_buffers() -> bool:
-    """Whether this PyTorch's DistributedDataParallel takes ``forward_sync_buffers`` (2.13 on)."""
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    return "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+__all__ = ["RankGroup", "run_rank", "main"]
 
 
 class RankGroup:
-    """This rank's view of the process group: DDP wrapping, sampling and the collectives the loop needs.
+    """This rank's view of the process group: the collectives the timed loop needs.
+
+    (Wrapping the model and sampling the data are the applier's, ``trainopt.apply``.)
 
     Args:
         rank: Global rank.
         world: Number of ranks.
         device: This rank's torch.device.
-        seed: Seed of the DistributedSampler's shuffling (the same on every rank).
     """
 
-    def __init__(self, rank: int, world: int, device: torch.device, seed: int = 0):
+    def __init__(self, rank: int, world: int, device: torch.device):
         self.rank = rank
         self.world = world
         self.device = device
-        self.seed = seed
         # nccl reduces CUDA tensors only; gloo CPU tensors.
         self._tensor_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-    def wrap(self, model: torch.nn.Module, settings: dict[str, Any]) -> torch.nn.Module:
-        """``DistributedDataParallel(model, **ddp_kwargs(settings))`` on this rank's device."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        kwargs = distributed.ddp_kwargs(settings, forward_sync_buffers=has_forward_sync_buffers())
-        return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
-
-    def sampler(self, dataset) -> torch.utils.data.DistributedSampler:
-        """This rank's shard of ``dataset``, shuffled as ``distributed.sampler_kwargs`` says."""
-        return torch.utils.data.DistributedSampler(
-            dataset, num_replicas=self.world, rank=self.rank, **distributed.sampler_kwargs(self.seed)
-        )
 
     def barrier(self) -> None:
         """Wait until every rank arrives."""
@@ -105,7 +82,9 @@ class RankGroup:
 
 
 def _rank_device(spec_device: str, local_rank: int) -> torch.device:
-    device = _resolve_device(spec_device)
+    from trainopt.apply import resolve_device
+
+    device = resolve_device(spec_device)
     # One accelerator per rank, as torchrun jobs use them: rank i on cuda:LOCAL_RANK.
     return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
@@ -141,11 +120,11 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         # timeout, killing every rank), not a library error on one rank.
         limit = float(spec["measure"]["trial_timeout_s"]) + 60
         dist.init_process_group(backend, timeout=timedelta(seconds=limit))
-        group = RankGroup(rank, world, device, seed)
+        group = RankGroup(rank, world, device)
         # The first collective starts the backend's threads and buffers; capped after it, as
         # the single-process worker caps after importing torch, so the cap bounds training.
         group.barrier()
-        _cap_memory(request.memory_gb)
+        _cap_memory(request.memory_gb, device)
         torch.manual_seed(seed)
         workload = build_workload(spec, Path(request.source_dir))
         if settings["channels_last"] and not workload.image_like:

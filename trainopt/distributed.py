@@ -1,10 +1,11 @@
-"""What a data-parallel (DDP) trial means, as plain data: the one place for the DDP knobs.
+"""The data-parallel job a trial runs as, as plain data: the spec's ``distributed`` block.
 
-The rank side (``trainopt.ddp``), the launcher side (``trainopt.launch``), the production
-settings (``TrainSettings.wrap_ddp``) and the exports all read the DDP knobs through these
-functions, so a knob's meaning (which ``DistributedDataParallel`` argument it sets, what
-the launch command is, how large the effective batch is) is written once. Nothing here
-imports torch.
+How many ranks, which backend, the torchrun command, the effective batch, how many
+threads each rank gets, and how the ranks' figures combine. The rank side
+(``trainopt.ddp``), the launcher side (``trainopt.launch``), the production settings and
+the exports read these. What each ``ddp_*`` knob means in PyTorch is written in
+``trainopt.apply`` with the other knobs; where it applies, in ``trainopt.knobs``.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -14,40 +15,18 @@ from typing import Any, Mapping
 
 __all__ = [
     "BACKENDS",
-    "DDP_KNOBS",
     "world_size",
     "resolve_backend",
-    "ddp_kwargs",
-    "sampler_kwargs",
     "effective_batch",
     "grad_accum_for",
     "rank_threads",
     "torchrun_args",
     "launch_command",
-    "not_applicable_reason",
     "combine_ranks",
 ]
 
 BACKENDS = ("auto", "nccl", "gloo")
 
-# knob -> the DistributedDataParallel keyword it sets. A knob at None keeps PyTorch's default.
-DDP_KNOBS: dict[str, str] = {
-    "ddp_bucket_cap_mb": "bucket_cap_mb",
-    "ddp_gradient_as_bucket_view": "gradient_as_bucket_view",
-    "ddp_static_graph": "static_graph",
-    "ddp_find_unused_parameters": "find_unused_parameters",
-    "ddp_broadcast_buffers": "broadcast_buffers",
-}
-
-# The values that leave DistributedDataParallel exactly as its defaults do; a single-process
-# trial can only run these (anything else would be a silent no-op there).
-DDP_DEFAULTS: dict[str, Any] = {
-    "ddp_bucket_cap_mb": None,
-    "ddp_gradient_as_bucket_view": False,
-    "ddp_static_graph": False,
-    "ddp_find_unused_parameters": False,
-    "ddp_broadcast_buffers": True,
-}
 
 
 def world_size(distributed: Mapping[str, Any] | None) -> int:
@@ -70,39 +49,6 @@ def resolve_backend(backend: str, device_type: str) -> str:
             f"distributed.backend: 'nccl' needs CUDA devices but this trial runs on {device_type}; use auto or gloo"
         )
     return backend
-
-
-def ddp_kwargs(settings: Mapping[str, Any], forward_sync_buffers: bool = False) -> dict[str, Any]:
-    """Keyword arguments for ``DistributedDataParallel`` (``device_ids`` aside).
-
-    Every DDP knob is written out, also at its default, so the trial, ``wrap_ddp`` and the
-    exports pass the same arguments; ``bucket_cap_mb`` is left out at null (PyTorch's 25 MB).
-
-    Args:
-        settings: Every knob's value.
-        forward_sync_buffers: PyTorch renamed the per-forward buffer broadcast from
-            ``broadcast_buffers`` to ``forward_sync_buffers`` (2.13 warns on the old name);
-            true to use the new name. Both sync buffers at every forward when true, which
-            is what the knob measures; the new one also always syncs them once at wrap time.
-    """
-    out: dict[str, Any] = {}
-    for knob, kwarg in DDP_KNOBS.items():
-        value = settings.get(knob, DDP_DEFAULTS[knob])
-        if knob == "ddp_bucket_cap_mb" and value is None:
-            continue
-        if knob == "ddp_broadcast_buffers" and forward_sync_buffers:
-            kwarg = "forward_sync_buffers"
-        out[kwarg] = value
-    return out
-
-
-def sampler_kwargs(seed: int = 0) -> dict[str, Any]:
-    """Keyword arguments for ``DistributedSampler`` as measured (world size and rank come from the group).
-
-    ``drop_last`` keeps every rank's batches the same shape and count, as the single-process
-    loader's ``drop_last`` does; shuffling moves to the sampler (the loader gets no ``shuffle``).
-    """
-    return {"shuffle": True, "drop_last": True, "seed": seed}
 
 
 def effective_batch(settings: Mapping[str, Any], world: int = 1) -> int:
@@ -143,31 +89,6 @@ def torchrun_args(nproc: int) -> list[str]:
 def launch_command(nproc: int, script: str = "train.py") -> str:
     """The shell command that runs a training script as measured (for exports and docs)."""
     return "torchrun " + " ".join(torchrun_args(nproc)) + f" {script}"
-
-
-def not_applicable_reason(settings: Mapping[str, Any], world: int | None) -> str | None:
-    """Why the DDP knobs in ``settings`` cannot apply, or None when they can.
-
-    Args:
-        settings: Every knob's value.
-        world: Processes per trial, or None when the spec has no ``distributed`` block.
-    """
-    if world is None:
-        for knob, default in DDP_DEFAULTS.items():
-            if settings.get(knob, default) != default:
-                return (
-                    f"{knob} applies to data-parallel trials only; add a 'distributed: {{nproc_per_node: N}}' "
-                    f"block to the spec to measure it"
-                )
-        return None
-    if settings.get("ddp_static_graph") and settings.get("grad_accum", 1) > 1:
-        # Verified on torch 2.13: the second backward after no_sync() trips
-        # "expect_autograd_hooks_ INTERNAL ASSERT FAILED" in reducer.cpp (pytorch#143580).
-        return (
-            "ddp_static_graph with grad_accum > 1 fails inside PyTorch: accumulation steps run under "
-            "no_sync(), which static_graph does not support (pytorch#143580)"
-        )
-    return None
 
 
 def combine_ranks(per_rank: list[Mapping[str, Any]], window_steps: int, samples_per_step: int) -> dict[str, Any]:

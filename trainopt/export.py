@@ -5,6 +5,12 @@ Formats: plain PyTorch (``torch``), PyTorch Lightning (``lightning``), Hugging F
 with where the settings were measured and how much faster they were, and names every
 knob: as code where the target can express it, otherwise as a comment saying what to do,
 so no measured setting is silently lost on the way into a training script.
+
+The code is rendered from ``trainopt.apply``'s data (backend flags, DataLoader keyword
+arguments, compile mode, autocast dtype, optimizer keyword arguments), the same data the
+trial applied, so every value that differs from PyTorch's default comes out as code. The
+backend flags are always written as code: PyTorch's own TF32 defaults differ between
+matmuls (off) and cuDNN (on), so leaving either out would not reproduce what was measured.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any, Callable
 
 import yaml
 
+from trainopt import apply
 from trainopt import distributed as dist_mod
 from trainopt.errors import UserError
 from trainopt.knobs import KNOBS, format_value
@@ -27,9 +34,31 @@ class ExportError(UserError):
     """Nothing to export at the given path, or an unknown format."""
 
 
-_COMPILE_MODE_ARG = {"default": "", "reduce-overhead": ', mode="reduce-overhead"', "max-autotune": ', mode="max-autotune"'}
-_AMP_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+# Which knob each backend flag carries, for the comment beside its line.
+_FLAG_KNOB = {
+    "torch.backends.cudnn.benchmark": "cudnn_benchmark",
+    "torch.backends.cuda.matmul.allow_tf32": "tf32",
+    "torch.backends.cudnn.allow_tf32": "tf32",
+}
+# DataLoader keyword -> (knob, TrainingArguments keyword).
+_LOADER_ARGS = {
+    "batch_size": ("batch_size", "per_device_train_batch_size"),
+    "num_workers": ("num_workers", "dataloader_num_workers"),
+    "pin_memory": ("pin_memory", "dataloader_pin_memory"),
+    "drop_last": (None, "dataloader_drop_last"),
+    "persistent_workers": ("persistent_workers", "dataloader_persistent_workers"),
+    "prefetch_factor": ("prefetch_factor", "dataloader_prefetch_factor"),
+}
 _LIGHTNING_PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+# ddp_* knob -> its TrainingArguments field (None: TrainingArguments has none; listed as a comment).
+# Plain torch and Lightning's DDPStrategy take apply.DDP_KWARGS' DistributedDataParallel arguments.
+_HF_DDP_ARGS = {
+    "ddp_bucket_cap_mb": "ddp_bucket_cap_mb",
+    "ddp_gradient_as_bucket_view": None,
+    "ddp_static_graph": None,
+    "ddp_find_unused_parameters": "ddp_find_unused_parameters",
+    "ddp_broadcast_buffers": "ddp_broadcast_buffers",
+}
 
 
 def _one_line(value: Any) -> str:
@@ -88,90 +117,122 @@ def _header(s: TrainSettings, source: str) -> list[str]:
     return lines
 
 
-_DDP_KNOB_NAMES = tuple(dist_mod.DDP_KNOBS)
-
-
 def _ddp_unused(s: TrainSettings) -> str:
     """The comment naming the DDP knobs of single-process settings, so none is silently absent."""
-    return "# " + ", ".join(_knob(s, k) for k in _DDP_KNOB_NAMES) + " -> measured as one process (no distributed block)"
+    return "# " + ", ".join(_knob(s, k) for k in apply.DDP_KWARGS) + " -> measured as one process (no distributed block)"
 
 
 def _ddp_kwarg_lines(s: TrainSettings, indent: str) -> list[str]:
-    """``kwarg=value,  # knob: value`` for every DDP knob (bucket_cap_mb null as a comment)."""
-    kwargs = dist_mod.ddp_kwargs(s.settings)
+    """``argument=value,  # knob: value`` for every DDP knob, from the applier's own arguments."""
+    kwargs = apply.ddp_kwargs(s.settings)
     lines = []
-    for knob, kwarg in dist_mod.DDP_KNOBS.items():
-        if kwarg == "broadcast_buffers":
-            lines.append(
-                f"{indent}{kwarg}={kwargs[kwarg]!r},  # {_knob(s, knob)} (PyTorch 2.13+ names it forward_sync_buffers)"
-            )
-        elif kwarg in kwargs:
-            lines.append(f"{indent}{kwarg}={kwargs[kwarg]!r},  # {_knob(s, knob)}")
-        else:
+    for knob, kwarg in apply.DDP_KWARGS.items():
+        if kwarg not in kwargs:
             lines.append(f"{indent}# {_knob(s, knob)} -> PyTorch's default bucket size (25 MB)")
+        elif kwarg == "broadcast_buffers":
+            lines.append(f"{indent}{kwarg}={kwargs[kwarg]!r},  # {_knob(s, knob)} (PyTorch 2.13+ names it forward_sync_buffers)")
+        else:
+            lines.append(f"{indent}{kwarg}={kwargs[kwarg]!r},  # {_knob(s, knob)}")
     return lines
 
 
 def _backend_expr(s: TrainSettings) -> str:
-    backend = s.distributed.get("backend", "auto")
+    backend = s.distributed["backend"]
     if backend == "auto":
         return '"nccl" if torch.cuda.is_available() else "gloo"'
     return f'"{backend}"'
 
 
-def _loader_lines(s: TrainSettings, indent: str, pin_on: bool, sampler: bool = False) -> list[str]:
-    """The DataLoader keyword lines, every input knob present as code or comment."""
-    v = s.settings
-    per = " per process" if s.distributed else ""
-    lines = [
-        f"{indent}batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}{per}",
-        f"{indent}sampler=sampler,  # the sampler shuffles; no shuffle=True" if sampler else f"{indent}shuffle=True,",
-        f"{indent}drop_last=True,  # every batch the same shape, as measured (a compiled model would recompile)",
-        f"{indent}num_workers={v['num_workers']},  # {_knob(s, 'num_workers')}",
-    ]
-    if v["pin_memory"] and not pin_on:
-        lines.append(f"{indent}pin_memory=False,  # {_knob(s, 'pin_memory')}, but pinning helps CUDA copies only")
+def _hf_ddp(s: TrainSettings) -> list[str]:
+    """TrainingArguments' DDP fields; the knobs it has no field for are listed as comments."""
+    if not s.distributed:
+        return [_ddp_unused(s)]
+    backend = s.distributed["backend"]
+    if backend == "auto":
+        lines = ["# distributed.backend: auto -> the Trainer picks nccl on CUDA, gloo on CPU"]
     else:
-        lines.append(f"{indent}pin_memory={v['pin_memory']},  # {_knob(s, 'pin_memory')}")
-    if v["num_workers"] > 0:
-        lines.append(f"{indent}persistent_workers={v['persistent_workers']},  # {_knob(s, 'persistent_workers')}")
-        if v["prefetch_factor"] is not None:
-            lines.append(f"{indent}prefetch_factor={v['prefetch_factor']},  # {_knob(s, 'prefetch_factor')}")
+        lines = [f'ddp_backend="{backend}",  # distributed.backend: {backend}']
+    kwargs = apply.ddp_kwargs(s.settings)
+    missing = []
+    for knob, field in _HF_DDP_ARGS.items():
+        kwarg = apply.DDP_KWARGS[knob]
+        if field is None:
+            missing.append(knob)
+        elif kwarg not in kwargs:
+            lines.append(f"# {_knob(s, knob)} -> PyTorch's default bucket size (25 MB)")
         else:
-            lines.append(f"{indent}# {_knob(s, 'prefetch_factor')} -> DataLoader's default")
-    else:
-        lines.append(f"{indent}# {_knob(s, 'persistent_workers')}, {_knob(s, 'prefetch_factor')}: apply only with num_workers > 0")
+            lines.append(f"{field}={kwargs[kwarg]!r},  # {_knob(s, knob)}")
+    lines.append(
+        f"# {', '.join(_knob(s, k) for k in missing)} -> TrainingArguments has no field for these; "
+        "pass them to DistributedDataParallel through accelerate's DistributedDataParallelKwargs"
+    )
     return lines
 
 
-def _pin_applies(s: TrainSettings) -> bool:
-    # pin_memory was measured only where it can matter: copies to a CUDA device.
-    return bool(s.settings["pin_memory"]) and s.device != "cpu"
+def _device_type(s: TrainSettings) -> str:
+    return apply.device_type_of(s.device)
 
 
-def _threads_line(s: TrainSettings) -> str:
+def _loader_kwargs(s: TrainSettings) -> dict[str, Any]:
+    return apply.loader_kwargs(s.settings, _device_type(s))
+
+
+def _loader_comment(s: TrainSettings, key: str) -> str:
+    knob = _LOADER_ARGS[key][0]
+    if knob is None:
+        return "every batch the same shape, as measured (a compiled model would recompile)"
+    if key == "pin_memory" and s.settings["pin_memory"] and not apply.pins_memory(s.settings, _device_type(s)):
+        return f"{_knob(s, knob)}, but pinning helps CUDA copies only"
+    return _knob(s, knob)
+
+
+def _loader_leftovers(s: TrainSettings, kwargs: dict[str, Any]) -> list[str]:
+    """Comments for the input knobs the loader does not take with these settings."""
+    missing = [name for name in ("persistent_workers", "prefetch_factor") if name not in kwargs]
+    if not missing:
+        return []
+    if s.settings["num_workers"] == 0:
+        return [f"# {', '.join(_knob(s, n) for n in missing)}: apply only with num_workers > 0"]
+    return [f"# {_knob(s, 'prefetch_factor')} -> DataLoader's default"]
+
+
+def _loader_lines(s: TrainSettings, indent: str, sampler: bool = False) -> list[str]:
+    """The DataLoader keyword lines, every input knob present as code or comment."""
+    kwargs = _loader_kwargs(s)
+    lines = [f"{indent}sampler=sampler,  # the sampler shuffles; no shuffle=True" if sampler else f"{indent}shuffle=True,"]
+    lines += [f"{indent}{key}={value!r},  # {_loader_comment(s, key)}" for key, value in kwargs.items()]
+    return lines + [indent + line for line in _loader_leftovers(s, kwargs)]
+
+
+def _backend_lines(s: TrainSettings) -> list[str]:
+    """Threads and every backend flag, as the trial set them."""
     if s.settings["threads"] is not None:
-        return f"torch.set_num_threads({s.settings['threads']})  # {_knob(s, 'threads')}"
-    return f"# {_knob(s, 'threads')} -> PyTorch's default thread count"
-
-
-def _cudnn_line(s: TrainSettings) -> str:
-    if s.settings["cudnn_benchmark"]:
-        return f"torch.backends.cudnn.benchmark = True  # {_knob(s, 'cudnn_benchmark')}"
-    return f"# {_knob(s, 'cudnn_benchmark')} -> leave torch.backends.cudnn.benchmark off"
-
-
-def _tf32_lines(s: TrainSettings) -> list[str]:
-    if s.settings["tf32"]:
-        return [
-            f"torch.backends.cuda.matmul.allow_tf32 = True  # {_knob(s, 'tf32')}",
-            "torch.backends.cudnn.allow_tf32 = True",
-        ]
-    return [f"# {_knob(s, 'tf32')} -> TF32 off, as measured (torch.backends.cudnn.allow_tf32 = False for convolutions too)"]
+        lines = [f"torch.set_num_threads({s.settings['threads']})  # {_knob(s, 'threads')}"]
+    else:
+        lines = [f"# {_knob(s, 'threads')} -> PyTorch's default thread count"]
+    lines += [f"{flag} = {value}  # {_knob(s, _FLAG_KNOB[flag])}" for flag, value in apply.backend_flags(s.settings).items()]
+    return lines
 
 
 def _compile_call(s: TrainSettings) -> str:
-    return f"model = torch.compile(model{_COMPILE_MODE_ARG[s.settings['compile']]})  # {_knob(s, 'compile')}"
+    _, mode = apply.compile_mode(s.settings)
+    arg = f", mode={mode!r}".replace("'", '"') if mode else ""
+    return f"model = torch.compile(model{arg})  # {_knob(s, 'compile')}"
+
+
+def _model_format_line(s: TrainSettings) -> str:
+    if s.settings["channels_last"]:
+        return f"model = model.to(memory_format=torch.channels_last)  # {_knob(s, 'channels_last')}"
+    return f"# {_knob(s, 'channels_last')} -> default memory format"
+
+
+def _optimizer_args(s: TrainSettings) -> str:
+    return "".join(f", {k}={v}" for k, v in apply.optimizer_kwargs(s.settings["optimizer_impl"]).items())
+
+
+def _amp_dtype(s: TrainSettings) -> str | None:
+    name = apply.AMP_DTYPES[s.settings["amp"]]
+    return f"torch.{name}" if name else None
 
 
 def _device_expr(s: TrainSettings) -> str:
@@ -194,37 +255,30 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
             "from torch.nn.parallel import DistributedDataParallel",
             "from torch.utils.data.distributed import DistributedSampler",
             "",
-            f"dist.init_process_group({_backend_expr(s)})  # distributed.backend: {s.distributed.get('backend', 'auto')}",
+            f"dist.init_process_group({_backend_expr(s)})  # distributed.backend: {s.distributed['backend']}",
         ]
         if s.device == "cpu":
-            lines.append(f"device = torch.device(\"cpu\")  # device: {s.device}")
+            lines.append(f'device = torch.device("cpu")  # device: {s.device}')
         else:
-            lines += [
-                f"# device: {s.device} -> one GPU per process",
-                'device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")',
-            ]
+            lines.append(
+                'device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() '
+                f'else torch.device("cpu")  # device: {s.device}, one GPU per process'
+            )
     else:
         lines += ["", f"device = {_device_expr(s)}  # device: {s.device}"]
-    lines += [_threads_line(s), _cudnn_line(s), *_tf32_lines(s), ""]
+    lines += [*_backend_lines(s), ""]
     if ddp:
-        sk = dist_mod.sampler_kwargs(0)
-        lines.append(
-            "sampler = DistributedSampler(dataset, "
-            + ", ".join(f"{k}={val!r}" for k, val in sk.items())
-            + ")  # each process reads its own shard"
-        )
+        sampler_args = ", ".join(f"{k}={val!r}" for k, val in apply.sampler_kwargs(0).items())
+        lines.append(f"sampler = DistributedSampler(dataset, {sampler_args})  # each process reads its own shard")
     lines += [
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
-        *_loader_lines(s, "    ", _pin_applies(s), sampler=ddp),
+        *_loader_lines(s, "    ", sampler=ddp),
         ")",
         "",
         "model = model.to(device)  # your nn.Module",
     ]
-    if v["channels_last"]:
-        lines.append(f"model = model.to(memory_format=torch.channels_last)  # {_knob(s, 'channels_last')}")
-    else:
-        lines.append(f"# {_knob(s, 'channels_last')} -> default memory format")
+    lines.append(_model_format_line(s))
     lines.append("model.train()")
     if ddp:
         lines += [
@@ -234,9 +288,8 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
             *_ddp_kwarg_lines(s, "    "),
             ")",
         ]
-    opt_kwargs = {"default": "", "foreach": ", foreach=True", "fused": ", fused=True"}[v["optimizer_impl"]]
     lines.append(
-        f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{opt_kwargs})  "
+        f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{_optimizer_args(s)})  "
         f"# your optimizer; {_knob(s, 'optimizer_impl')}"
     )
     if v["compile"] != "off":
@@ -251,7 +304,7 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
     if ddp:
         lines.append("# at the start of every epoch: sampler.set_epoch(epoch), so each epoch shuffles anew, as measured")
     lines.append("for step, (x, y) in enumerate(loader):")
-    if _pin_applies(s):
+    if apply.pins_memory(v, _device_type(s)):
         lines += [
             "    x = x.to(device, non_blocking=True)  # from pinned memory",
             "    y = y.to(device, non_blocking=True)",
@@ -262,7 +315,7 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         lines.append("    x = x.contiguous(memory_format=torch.channels_last)  # 4-D inputs only")
     body = []
     if v["amp"] != "off":
-        body.append(f"    with torch.autocast(device.type, dtype={_AMP_DTYPE[v['amp']]}):  # {_knob(s, 'amp')}")
+        body.append(f"    with torch.autocast(device.type, dtype={_amp_dtype(s)}):  # {_knob(s, 'amp')}")
         body.append("        loss = loss_fn(model(x), y)  # your loss")
     else:
         body.append(f"    loss = loss_fn(model(x), y)  # your loss; {_knob(s, 'amp')} (full precision)")
@@ -303,6 +356,80 @@ def _lightning_device(s: TrainSettings) -> list[str]:
     return [f'    accelerator="gpu",  {note}', f"    devices=[{index}]," if index else "    devices=1,"]
 
 
+def _lightning_sync(s: TrainSettings) -> list[str]:
+    if s.settings["sync_every"]:
+        return [f"log_every_n_steps={s.settings['sync_every']},  # {_knob(s, 'sync_every')}"]
+    return [f"# {_knob(s, 'sync_every')} -> the loss was never read during training; log rarely and keep prog_bar=False in self.log"]
+
+
+def _hf_amp(s: TrainSettings) -> list[str]:
+    amp = s.settings["amp"]
+    if amp == "bf16":
+        return [f"bf16=True,  # {_knob(s, 'amp')}"]
+    if amp == "fp16":
+        return [f"fp16=True,  # {_knob(s, 'amp')} (the Trainer adds the GradScaler)"]
+    return [f"# {_knob(s, 'amp')} -> leave bf16 and fp16 False (full precision)"]
+
+
+def _hf_compile(s: TrainSettings) -> list[str]:
+    compiled, mode = apply.compile_mode(s.settings)
+    if not compiled:
+        return [f"# {_knob(s, 'compile')} -> leave torch_compile False"]
+    return [f"torch_compile=True,  # {_knob(s, 'compile')}"] + ([f'torch_compile_mode="{mode}",'] if mode else [])
+
+
+def _hf_sync(s: TrainSettings) -> list[str]:
+    if s.settings["sync_every"]:
+        return [f"logging_steps={s.settings['sync_every']},  # {_knob(s, 'sync_every')}"]
+    return [f'logging_strategy="no",  # {_knob(s, "sync_every")}: the loss was never read during training']
+
+
+def _hf_optimizer(s: TrainSettings) -> list[str]:
+    impl = s.settings["optimizer_impl"]
+    if impl == "fused":
+        return [f'optim="adamw_torch_fused",  # {_knob(s, "optimizer_impl")}; for another optimizer pass fused=True to its constructor']
+    if impl == "foreach":
+        return [f"# {_knob(s, 'optimizer_impl')} -> the default adamw_torch uses foreach kernels on CUDA; for your own optimizer pass foreach=True"]
+    return [f"# {_knob(s, 'optimizer_impl')} -> the default optimizer implementation"]
+
+
+def _lightning_optimizer(s: TrainSettings) -> list[str]:
+    extra = _optimizer_args(s).lstrip(", ")
+    what = f"pass {extra} to your optimizer in configure_optimizers()" if extra else "default optimizer arguments"
+    return [f"# {_knob(s, 'optimizer_impl')} -> {what}"]
+
+
+# How each knob that a trainer takes as an argument is written for it, once per knob:
+# (Lightning's Trainer, Hugging Face's TrainingArguments). None: the knob is written
+# elsewhere for that framework (backend flags and the loader above, compile for Lightning).
+_TRAINER_ARGS: dict[str, tuple[Callable[[TrainSettings], list[str]] | None, Callable[[TrainSettings], list[str]] | None]] = {
+    "amp": (
+        lambda s: [f'precision="{_LIGHTNING_PRECISION[s.settings["amp"]]}",  # {_knob(s, "amp")}'],
+        _hf_amp,
+    ),
+    "grad_accum": (
+        lambda s: [f"accumulate_grad_batches={s.settings['grad_accum']},  # {_knob(s, 'grad_accum')}"],
+        lambda s: [f"gradient_accumulation_steps={s.settings['grad_accum']},  # {_knob(s, 'grad_accum')}"],
+    ),
+    # Lightning sets cudnn.benchmark from its argument, so it repeats the flag set above.
+    "cudnn_benchmark": (lambda s: [f"benchmark={s.settings['cudnn_benchmark']},  # {_knob(s, 'cudnn_benchmark')}"], None),
+    # The Trainer sets the matmul TF32 flag from this argument; the lines above set both flags.
+    "tf32": (None, lambda s: [f"tf32={s.settings['tf32']},  # {_knob(s, 'tf32')}"]),
+    "sync_every": (_lightning_sync, _hf_sync),
+    "compile": (None, _hf_compile),
+    "optimizer_impl": (_lightning_optimizer, _hf_optimizer),
+}
+
+
+def _trainer_arg_lines(s: TrainSettings, framework: str) -> list[str]:
+    column = {"lightning": 0, "hf": 1}[framework]
+    lines = []
+    for render in (pair[column] for pair in _TRAINER_ARGS.values()):
+        if render is not None:
+            lines += ["    " + line for line in render(s)]
+    return lines
+
+
 def _render_lightning(s: TrainSettings, header: list[str]) -> str:
     v = s.settings
     lines = header + [
@@ -311,34 +438,18 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
         "import torch",
         "from torch.utils.data import DataLoader",
         "",
-        _threads_line(s),
-    ]
-    if v["tf32"]:
-        lines.append(f'torch.set_float32_matmul_precision("high")  # {_knob(s, "tf32")}')
-    else:
-        lines.append(f'# {_knob(s, "tf32")} -> keep torch.set_float32_matmul_precision("highest"), the default')
-    lines += [
+        *_backend_lines(s),
         "",
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
-        *_loader_lines(s, "    ", _pin_applies(s)),
+        *_loader_lines(s, "    "),
         ")",
         "",
+        _model_format_line(s),
         "# In your LightningModule:",
     ]
     if v["channels_last"]:
-        lines += [
-            f"#   {_knob(s, 'channels_last')} -> before fit: model = model.to(memory_format=torch.channels_last),",
-            "#   and in training_step: x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs",
-        ]
-    else:
-        lines.append(f"#   {_knob(s, 'channels_last')} -> default memory format")
-    opt = {
-        "default": "default optimizer arguments",
-        "foreach": "pass foreach=True to your optimizer in configure_optimizers()",
-        "fused": "pass fused=True to your optimizer in configure_optimizers()",
-    }[v["optimizer_impl"]]
-    lines.append(f"#   {_knob(s, 'optimizer_impl')} -> {opt}")
+        lines.append("#   in training_step: x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs")
     if v["compile"] != "off":
         lines.append(_compile_call(s))
     else:
@@ -354,132 +465,51 @@ def _render_lightning(s: TrainSettings, header: list[str]) -> str:
             f"    devices={n},  # distributed.nproc_per_node: {n} (Lightning starts the processes, or run under torchrun)",
             "    num_nodes=1,",
             "    strategy=DDPStrategy(",
-            f"        process_group_backend={_backend_expr(s)},  # distributed.backend: {s.distributed.get('backend', 'auto')}",
+            f"        process_group_backend={_backend_expr(s)},  # distributed.backend: {s.distributed['backend']}",
             *_ddp_kwarg_lines(s, "        "),
-            "    ),  # accumulation steps skip the all-reduce (no_sync) by themselves",
+            "    ),  # Lightning runs accumulation steps under no_sync() by itself",
         ]
     else:
         lines += _lightning_device(s)
-    lines += [
-        f'    precision="{_LIGHTNING_PRECISION[v["amp"]]}",  # {_knob(s, "amp")}',
-        f"    accumulate_grad_batches={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
-        f"    benchmark={v['cudnn_benchmark']},  # {_knob(s, 'cudnn_benchmark')}",
-    ]
-    if v["sync_every"]:
-        lines.append(f"    log_every_n_steps={v['sync_every']},  # {_knob(s, 'sync_every')}")
-    else:
-        lines.append(
-            f"    # {_knob(s, 'sync_every')} -> the loss was never read during training; "
-            "log rarely and keep prog_bar=False in self.log"
-        )
+    lines += _trainer_arg_lines(s, "lightning")
     lines += [")", "trainer.fit(model, train_dataloaders=loader)"]
     return "\n".join(lines) + "\n"
 
 
 def _render_hf(s: TrainSettings, header: list[str]) -> str:
     v = s.settings
-    workers = v["num_workers"]
     lines = header + [
         "import torch",
         "from transformers import TrainingArguments",
         "",
-        _threads_line(s),
-        _cudnn_line(s),
+        *_backend_lines(s),
     ]
+    lines.append(_model_format_line(s))
     if v["channels_last"]:
-        lines.append(
-            f"model = model.to(memory_format=torch.channels_last)  # {_knob(s, 'channels_last')}; "
-            "4-D inputs: convert them in your data collator"
-        )
-    else:
-        lines.append(f"# {_knob(s, 'channels_last')} -> default memory format")
+        lines.append("# 4-D inputs: convert them with x.contiguous(memory_format=torch.channels_last) in your data collator")
     if s.device == "auto":
         lines.append("# device: auto -> the Trainer picks CUDA when available")
     elif s.device.startswith("cuda:"):
         lines.append(f"# device: {s.device} -> run with CUDA_VISIBLE_DEVICES={s.device.partition(':')[2]}")
-    if s.distributed:
-        lines.append(f"# run the script with: {s.launch_command()}")
     lines += [
         "",
         "args = TrainingArguments(",
         '    output_dir="out",  # your output folder',
     ]
+    if s.distributed:
+        lines.insert(len(lines) - 3, f"# run the script with: {s.launch_command()}")
     if s.device == "cpu":
         lines.append("    use_cpu=True,  # device: cpu")
-    lines += _hf_ddp_lines(s)
-    lines += [
-        f"    per_device_train_batch_size={v['batch_size']},  # {_knob(s, 'batch_size')}",
-        f"    gradient_accumulation_steps={v['grad_accum']},  # {_knob(s, 'grad_accum')}",
-    ]
-    if v["amp"] == "bf16":
-        lines.append(f"    bf16=True,  # {_knob(s, 'amp')}")
-    elif v["amp"] == "fp16":
-        lines.append(f"    fp16=True,  # {_knob(s, 'amp')} (the Trainer adds the GradScaler)")
-    else:
-        lines.append(f"    # {_knob(s, 'amp')} -> leave bf16 and fp16 False (full precision)")
-    lines += [
-        f"    tf32={v['tf32']},  # {_knob(s, 'tf32')}",
-        "    dataloader_drop_last=True,  # every batch the same shape, as measured",
-        f"    dataloader_num_workers={workers},  # {_knob(s, 'num_workers')}",
-        # The Trainer pins memory unless told not to, so the measured value is always written.
-        f"    dataloader_pin_memory={_pin_applies(s)},  # {_knob(s, 'pin_memory')}",
-    ]
-    if workers > 0:
-        lines.append(f"    dataloader_persistent_workers={v['persistent_workers']},  # {_knob(s, 'persistent_workers')}")
-        if v["prefetch_factor"] is not None:
-            lines.append(f"    dataloader_prefetch_factor={v['prefetch_factor']},  # {_knob(s, 'prefetch_factor')}")
-        else:
-            lines.append(f"    # {_knob(s, 'prefetch_factor')} -> DataLoader's default")
-    else:
-        lines.append(f"    # {_knob(s, 'persistent_workers')}, {_knob(s, 'prefetch_factor')}: apply only with workers")
-    if v["compile"] != "off":
-        lines.append(f"    torch_compile=True,  # {_knob(s, 'compile')}")
-        if v["compile"] != "default":
-            lines.append(f'    torch_compile_mode="{v["compile"]}",')
-    else:
-        lines.append(f"    # {_knob(s, 'compile')} -> leave torch_compile False")
-    if v["sync_every"]:
-        lines.append(f"    logging_steps={v['sync_every']},  # {_knob(s, 'sync_every')}")
-    else:
-        lines.append(f'    logging_strategy="no",  # {_knob(s, "sync_every")}: the loss was never read during training')
-    if v["optimizer_impl"] == "fused":
-        lines.append(
-            f'    optim="adamw_torch_fused",  # {_knob(s, "optimizer_impl")}; '
-            "for another optimizer pass fused=True to its constructor"
-        )
-    elif v["optimizer_impl"] == "foreach":
-        lines.append(
-            f"    # {_knob(s, 'optimizer_impl')} -> the default adamw_torch uses foreach kernels on CUDA; "
-            "for your own optimizer pass foreach=True"
-        )
-    else:
-        lines.append(f"    # {_knob(s, 'optimizer_impl')} -> the default optimizer implementation")
+    lines += ["    " + line for line in _hf_ddp(s)]
+    lines += _trainer_arg_lines(s, "hf")
+    # Every loader argument is written: the Trainer's own defaults differ from DataLoader's
+    # (it pins memory unless told not to).
+    kwargs = _loader_kwargs(s)
+    for key, value in kwargs.items():
+        lines.append(f"    {_LOADER_ARGS[key][1]}={value!r},  # {_loader_comment(s, key)}")
+    lines += ["    " + line for line in _loader_leftovers(s, kwargs)]
     lines.append(")")
     return "\n".join(lines) + "\n"
-
-
-def _hf_ddp_lines(s: TrainSettings) -> list[str]:
-    """TrainingArguments' DDP fields; the knobs it has no field for are listed as comments."""
-    v = s.settings
-    if not s.distributed:
-        return ["    " + _ddp_unused(s)]
-    backend = s.distributed.get("backend", "auto")
-    lines = []
-    if backend == "auto":
-        lines.append("    # distributed.backend: auto -> the Trainer picks nccl on CUDA, gloo on CPU")
-    else:
-        lines.append(f'    ddp_backend="{backend}",  # distributed.backend: {backend}')
-    if v["ddp_bucket_cap_mb"] is not None:
-        lines.append(f"    ddp_bucket_cap_mb={v['ddp_bucket_cap_mb']},  # {_knob(s, 'ddp_bucket_cap_mb')}")
-    else:
-        lines.append(f"    # {_knob(s, 'ddp_bucket_cap_mb')} -> PyTorch's default bucket size (25 MB)")
-    lines += [
-        f"    ddp_find_unused_parameters={v['ddp_find_unused_parameters']},  # {_knob(s, 'ddp_find_unused_parameters')}",
-        f"    ddp_broadcast_buffers={v['ddp_broadcast_buffers']},  # {_knob(s, 'ddp_broadcast_buffers')}",
-        f"    # {_knob(s, 'ddp_gradient_as_bucket_view')}, {_knob(s, 'ddp_static_graph')} -> TrainingArguments has no field "
-        "for these; pass them to DistributedDataParallel through accelerate's DistributedDataParallelKwargs",
-    ]
-    return lines
 
 
 def _render_yaml(s: TrainSettings, header: list[str]) -> str:

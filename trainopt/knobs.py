@@ -9,19 +9,16 @@ valid value is. Nothing here imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
-
-from trainopt import distributed
+from typing import Any, Mapping
 
 __all__ = [
     "Knob",
     "KNOBS",
     "STAGES",
-    "GUIDE_ORDER",
     "default_settings",
     "coerce_value",
-    "validate_settings",
     "not_applicable_reason",
+    "distributed_reason",
     "KnobValueError",
     "format_value",
 ]
@@ -30,10 +27,6 @@ __all__ = [
 class KnobValueError(ValueError):
     """A knob value that is not allowed; the message names what is allowed."""
 
-
-AMP_VALUES = ("off", "bf16", "fp16")
-COMPILE_VALUES = ("off", "default", "reduce-overhead", "max-autotune")
-OPTIMIZER_IMPL_VALUES = ("default", "foreach", "fused")
 
 # Stages follow the order of the training-speed checklist: batch size first, then
 # precision, then keeping the input pipeline ahead, host overhead, and last the heavy tools.
@@ -82,7 +75,7 @@ KNOBS: dict[str, Knob] = {
     for k in [
         Knob("batch_size", "int", 32, "batch", "samples per optimizer micro-step", minimum=1),
         Knob("grad_accum", "int", 1, "batch", "micro-batches accumulated per optimizer step", minimum=1),
-        Knob("amp", "choice", "off", "precision", "autocast dtype; fp16 adds a GradScaler", choices=AMP_VALUES),
+        Knob("amp", "choice", "off", "precision", "autocast dtype; fp16 adds a GradScaler", choices=("off", "bf16", "fp16")),
         Knob("tf32", "bool", False, "backend", "TF32 matmuls and convolutions (CUDA Ampere+)"),
         Knob("channels_last", "bool", False, "layout", "channels-last memory format for 4-D inputs"),
         Knob("num_workers", "int", 0, "input", "DataLoader worker processes", minimum=0),
@@ -90,11 +83,11 @@ KNOBS: dict[str, Knob] = {
         Knob("persistent_workers", "bool", False, "input", "keep loader workers alive between epochs"),
         Knob("prefetch_factor", "int", None, "input", "batches prefetched per worker", minimum=1, nullable=True),
         Knob("sync_every", "int", 1, "host", "read the loss on the host every N steps (0 = never), as logging does", minimum=0),
-        Knob("optimizer_impl", "choice", "default", "host", "optimizer kernel: default, foreach or fused", choices=OPTIMIZER_IMPL_VALUES),
+        Knob("optimizer_impl", "choice", "default", "host", "optimizer kernel: default, foreach or fused", choices=("default", "foreach", "fused")),
         Knob("threads", "int", None, "host", "CPU intra-op threads (torch.set_num_threads)", minimum=1, nullable=True),
         Knob("cudnn_benchmark", "bool", False, "backend", "let cuDNN pick the fastest convolution algorithms"),
-        Knob("compile", "choice", "off", "compile", "torch.compile mode", choices=COMPILE_VALUES),
-        # Data-parallel knobs: each sets one DistributedDataParallel argument (trainopt.distributed).
+        Knob("compile", "choice", "off", "compile", "torch.compile mode", choices=("off", "default", "reduce-overhead", "max-autotune")),
+        # Data-parallel knobs: each sets one DistributedDataParallel argument (trainopt.apply.DDP_KWARGS).
         Knob("ddp_bucket_cap_mb", "int", None, "distributed", "DDP gradient bucket size in MB (null: PyTorch's 25)", minimum=1, nullable=True),
         Knob("ddp_gradient_as_bucket_view", "bool", False, "distributed", "DDP gradients as views into the buckets (saves a copy)"),
         Knob("ddp_static_graph", "bool", False, "distributed", "DDP static_graph: the set of used parameters never changes"),
@@ -102,9 +95,6 @@ KNOBS: dict[str, Knob] = {
         Knob("ddp_broadcast_buffers", "bool", True, "distributed", "DDP broadcasts buffers (e.g. BatchNorm stats) from rank 0 every step"),
     ]
 }
-
-# The checklist order used when the spec does not ask for its own order.
-GUIDE_ORDER = tuple(sorted(KNOBS, key=lambda n: STAGES.index(KNOBS[n].stage)))
 
 
 def format_value(value: Any) -> str:
@@ -164,21 +154,6 @@ def coerce_value(name: str, value: Any) -> Any:
     return value
 
 
-def validate_settings(values: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Merge ``values`` over ``base`` (defaults when omitted), checking every value.
-
-    Raises:
-        KnobValueError: With the knob name prefixed to the message.
-    """
-    merged = dict(default_settings() if base is None else base)
-    for name, value in values.items():
-        try:
-            merged[name] = coerce_value(name, value)
-        except KnobValueError as exc:
-            raise KnobValueError(f"{name}: {exc}") from None
-    return merged
-
-
 def _needs_workers(s: Mapping[str, Any]) -> str | None:
     if s.get("num_workers", 0) == 0:
         if s.get("persistent_workers"):
@@ -197,7 +172,30 @@ def _needs_cuda(s: Mapping[str, Any], device_type: str) -> str | None:
     return None
 
 
-_RULES: tuple[Callable[..., str | None], ...] = (_needs_workers,)
+def distributed_reason(settings: Mapping[str, Any], world_size: int | None) -> str | None:
+    """Why the data-parallel knobs in ``settings`` cannot apply, or None when they can.
+
+    Args:
+        settings: Every knob's value.
+        world_size: Processes per trial, or None without a ``distributed`` block (where a
+            ``ddp_*`` knob off its default would be a silent no-op).
+    """
+    if world_size is None:
+        for name, knob in KNOBS.items():
+            if knob.stage == "distributed" and settings.get(name, knob.default) != knob.default:
+                return (
+                    f"{name} applies to data-parallel trials only; add a 'distributed: {{nproc_per_node: N}}' "
+                    f"block to the spec to measure it"
+                )
+        return None
+    if settings.get("ddp_static_graph") and settings.get("grad_accum", 1) > 1:
+        # Checked on torch 2.13: the second backward after no_sync() trips
+        # "expect_autograd_hooks_ INTERNAL ASSERT FAILED" in reducer.cpp (pytorch#143580).
+        return (
+            "ddp_static_graph with grad_accum > 1 fails inside PyTorch: accumulation steps run under "
+            "no_sync(), which static_graph does not support (pytorch#143580)"
+        )
+    return None
 
 
 def not_applicable_reason(settings: Mapping[str, Any], device_type: str, world_size: int | None = None) -> str | None:
@@ -212,14 +210,8 @@ def not_applicable_reason(settings: Mapping[str, Any], device_type: str, world_s
         world_size: Processes per data-parallel trial, or None for single-process trials
             (where the DDP knobs cannot apply).
     """
-    reason = _needs_cuda(settings, device_type)
-    if reason:
-        return reason
-    reason = distributed.not_applicable_reason(settings, world_size)
-    if reason:
-        return reason
-    for rule in _RULES:
-        reason = rule(settings)
-        if reason:
-            return reason
-    return None
+    return (
+        _needs_cuda(settings, device_type)
+        or distributed_reason(settings, world_size)
+        or _needs_workers(settings)
+    )

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from trainopt import stats
+from trainopt.apply import Applier, should_read_loss
 
 __all__ = ["NonFiniteLoss", "Measurement", "Trainer", "measure_throughput", "probe_memory"]
 
@@ -47,10 +48,7 @@ class Measurement:
     last_loss: float | None = None
     steps: int = 0
     peak_memory_bytes: int | None = None
-
-
-def _autocast_dtype(amp: str) -> torch.dtype | None:
-    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    grad_scaler: dict[str, Any] | None = None
 
 
 class _PeakMemory:
@@ -91,72 +89,60 @@ class _PeakMemory:
 class Trainer:
     """One training configuration: model, loader, optimizer and the knobs applied.
 
+    Every knob is applied by ``trainopt.apply.Applier``, the same code that
+    ``trainopt.load_settings()`` uses in production.
+
     Args:
         workload: A ``trainopt.workloads.Workload``.
         settings: Every knob's value.
         device: The torch.device to train on.
         seed: Seed for the loader's shuffling.
-        ddp: For a data-parallel trial, the rank's ``trainopt.ddp.RankGroup``: it wraps the
-            model in DistributedDataParallel and gives the loader its DistributedSampler.
+        ddp: For a data-parallel trial, the rank's ``trainopt.ddp.RankGroup``: the applier
+            then wraps the model in DistributedDataParallel, the loader reads this rank's
+            shard through a DistributedSampler, and accumulation steps run under no_sync().
+
+    Attributes:
+        samples_per_step: Samples per optimizer step (``batch_size * grad_accum``), per rank.
+        data_wait: Seconds spent waiting for the loader since last reset.
+        dataset_len: Samples in the data set.
+        optimizer_steps: Optimizer steps taken over the whole run.
     """
 
     def __init__(self, workload: Any, settings: dict[str, Any], device: torch.device, seed: int = 0, ddp: Any = None):
         self.settings = settings
         self.device = device
-        s = settings
-        if s["threads"] is not None:
-            torch.set_num_threads(s["threads"])
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = bool(s["cudnn_benchmark"])
-            torch.backends.cuda.matmul.allow_tf32 = bool(s["tf32"])
-            torch.backends.cudnn.allow_tf32 = bool(s["tf32"])
-        self.memory_format = torch.channels_last if s["channels_last"] else torch.contiguous_format
-        model = workload.model.to(device)
-        if s["channels_last"]:
-            model = model.to(memory_format=torch.channels_last)
-        model.train()
-        if ddp is not None:
-            # Wrapped before compile, as DDP's docs ask, so compile sees the bucketed all-reduce.
-            model = ddp.wrap(model, s)
-        self.model = model
         self.ddp = ddp
         self._epoch = 0
-        self.optimizer = workload.optimizer_factory(model.parameters(), s["optimizer_impl"])
-        self.forward = model if s["compile"] == "off" else torch.compile(model, mode=None if s["compile"] == "default" else s["compile"])
+        self.applier = Applier(settings, device, data_parallel=ddp is not None)
+        self.applier.apply_backend_flags()
+        self.model = workload.model
+        self.forward = self.applier.prepare_model(self.model)
+        self.optimizer = workload.optimizer_factory(self.model.parameters(), settings["optimizer_impl"])
         self.loss_fn = workload.loss_fn
-        self.amp_dtype = _autocast_dtype(s["amp"])
-        self.scaler = torch.amp.GradScaler(device.type) if s["amp"] == "fp16" else None
-        self.non_blocking = bool(s["pin_memory"]) and device.type == "cuda"
-        self.samples_per_step = s["batch_size"] * s["grad_accum"]
-        generator = torch.Generator().manual_seed(seed)
-        loader_kwargs: dict[str, Any] = dict(
-            batch_size=s["batch_size"],
-            shuffle=True,
-            drop_last=True,  # every batch has the same shape, so a compiled model never recompiles mid-run
-            num_workers=s["num_workers"],
-            pin_memory=bool(s["pin_memory"]) and device.type == "cuda",
-            generator=generator,
-        )
-        if ddp is not None:
-            # Each rank reads its own shard; the sampler shuffles, so the loader must not.
-            del loader_kwargs["shuffle"], loader_kwargs["generator"]
-            loader_kwargs["sampler"] = ddp.sampler(workload.dataset)
-        if s["num_workers"] > 0:
-            loader_kwargs["persistent_workers"] = bool(s["persistent_workers"])
-            if s["prefetch_factor"] is not None:
-                loader_kwargs["prefetch_factor"] = s["prefetch_factor"]
+        self.scaler = self.applier.grad_scaler
+        self.amp_dtype = self.applier.autocast_dtype()
+        self.samples_per_step = settings["batch_size"] * settings["grad_accum"]
         self.dataset_len = len(workload.dataset)
         world = ddp.world if ddp is not None else 1
-        if self.dataset_len // world < s["batch_size"]:
+        if self.dataset_len // world < settings["batch_size"]:
             per_rank = f" ({self.dataset_len // world} per rank of {world})" if world > 1 else ""
             raise ValueError(
-                f"the data set has {self.dataset_len} samples{per_rank}, fewer than batch_size {s['batch_size']}; "
+                f"the data set has {self.dataset_len} samples{per_rank}, fewer than batch_size {settings['batch_size']}; "
                 f"raise data.args.size or lower batch_size"
             )
-        self.loader = torch.utils.data.DataLoader(workload.dataset, **loader_kwargs)
+        if ddp is not None:
+            # Each rank reads its own shard; the sampler shuffles, so the loader must not.
+            order: dict[str, Any] = {"sampler": self.applier.sampler(workload.dataset, seed)}
+        else:
+            order = {"shuffle": True, "generator": torch.Generator().manual_seed(seed)}
+        self.loader = torch.utils.data.DataLoader(workload.dataset, **order, **self.applier.loader_kwargs())
         self._iter: Iterator | None = None
         self.data_wait = 0.0
         self.last_loss: torch.Tensor | None = None
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.applier.optimizer_steps
 
     def sync(self) -> None:
         """Wait for queued device work; a no-op on CPU, where work is synchronous."""
@@ -179,39 +165,23 @@ class Trainer:
         self.data_wait += clock() - t0
         return batch
 
-    def _to_device(self, x, y):
-        x = x.to(self.device, non_blocking=self.non_blocking)
-        y = y.to(self.device, non_blocking=self.non_blocking)
-        if x.dim() == 4:
-            x = x.contiguous(memory_format=self.memory_format)
-        return x, y
-
     def step(self, clock: Callable[[], float] = time.perf_counter) -> torch.Tensor:
         """One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update."""
         accum = self.settings["grad_accum"]
         loss_sum = None
-        for micro in range(accum):
-            x, y = self._to_device(*self._next_batch(clock))
-            ctx = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
-            # Under DDP, accumulation steps skip the gradient all-reduce; the last one syncs.
-            no_sync = self.model.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext()
-            with no_sync:
-                with ctx:
+        for _ in range(accum):
+            x, y = self.applier.to_device(*self._next_batch(clock))
+            with self.applier.no_sync():
+                with self.applier.autocast():
                     loss = self.loss_fn(self.forward(x), y)
-                scaled = loss / accum if accum > 1 else loss
-                if self.scaler is not None:
-                    self.scaler.scale(scaled).backward()
-                else:
-                    scaled.backward()
+                self.applier.backward_and_step(loss, self.optimizer)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         self.last_loss = loss_sum / accum
         return self.last_loss
+
+    def should_read_loss(self) -> bool:
+        """Whether the loss is read on the host now, as ``sync_every`` asks (run-wide count)."""
+        return self.applier.should_read_loss()
 
     def loss_value(self) -> float:
         """The last loss on the host (a device sync); raises NonFiniteLoss when NaN/inf."""
@@ -221,10 +191,13 @@ class Trainer:
         return value
 
 
-def _host_read(trainer: Trainer, step_index: int) -> None:
-    """Read the loss on the host every ``sync_every`` steps, as a logging loop does."""
-    every = trainer.settings["sync_every"]
-    if every and (step_index + 1) % every == 0:
+def _host_read(trainer: Any) -> None:
+    """Read the loss on the host when ``sync_every`` asks, as a logging loop does.
+
+    The cadence counts optimizer steps over the whole run (warm-up included), so a
+    ``sync_every`` longer than a window is measured at its real rate, not as "never".
+    """
+    if should_read_loss(trainer.settings["sync_every"], trainer.optimizer_steps):
         trainer.loss_value()
 
 
@@ -269,7 +242,7 @@ def measure_throughput(
     after_first = clock()
     while _agree(group, steps < max(warmup_steps, 2) or clock() - start < warmup_seconds):
         trainer.step(clock)
-        _host_read(trainer, steps)
+        _host_read(trainer)
         steps += 1
     trainer.loss_value()
     typical = (clock() - after_first) / (steps - 1)
@@ -287,9 +260,9 @@ def measure_throughput(
         if group is not None:
             group.barrier()
         t0 = clock()
-        for i in range(m.window_steps):
+        for _ in range(m.window_steps):
             trainer.step(clock)
-            _host_read(trainer, i)
+            _host_read(trainer)
         trainer.sync()
         if group is not None:
             group.barrier()
@@ -311,7 +284,14 @@ def measure_throughput(
     m.step_time_s = kept_time / kept_steps
     m.data_wait_fraction = sum(m.window_waits[cut.start:]) / kept_time
     m.peak_memory_bytes = mem.peak()
+    m.grad_scaler = _scaler_state(trainer)
     return m
+
+
+def _scaler_state(trainer: Any) -> dict[str, Any] | None:
+    # After the timed windows: reading the scale waits for the device.
+    applier = getattr(trainer, "applier", None)
+    return applier.scaler_state() if applier is not None else None
 
 
 def probe_memory(trainer: Trainer, steps: int = 2) -> Measurement:
@@ -332,4 +312,5 @@ def probe_memory(trainer: Trainer, steps: int = 2) -> Measurement:
     m.steps = steps
     mem.sample()
     m.peak_memory_bytes = mem.peak()
+    m.grad_scaler = _scaler_state(trainer)
     return m

@@ -54,7 +54,7 @@ class TrialRequest:
         mode: ``measure`` (warm-up and timed windows) or ``probe`` (one full training
             step, to learn whether a batch fits in memory).
         result_path: Where the trial process writes its ``TrialResult``.
-        memory_gb: Address-space cap for the trial process, or None.
+        memory_gb: Memory cap for the trial (address space on a CPU, the allocator on CUDA), or None.
         trial_id: Identifier used in logs.
     """
 
@@ -110,6 +110,8 @@ class TrialResult:
     last_loss: float | None = None
     steps: int = 0
     dataset_len: int | None = None
+    # fp16 only: the GradScaler's initial and final scale, growth interval, optimizer steps.
+    grad_scaler: dict[str, Any] | None = None
     env: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     wall_s: float | None = None

@@ -2,8 +2,13 @@
 
 ``best.yaml`` is written by ``trainopt search`` or by hand; a hand-written file needs only
 a ``settings:`` mapping (knobs left out take their defaults) and optionally ``device:``.
-``TrainSettings`` applies every knob the same way the measured loop did, so what a
-training run gets is what was measured::
+Three parts, each with one job:
+
+* the schema: ``SettingsRecord``, validated plain data (device, every knob, provenance);
+* file reading: ``read_settings_file`` (YAML to data) and ``record_from_document``
+  (data to a record), with errors naming the dotted field;
+* applying: ``TrainSettings`` hands every knob to ``trainopt.apply.Applier``, the same
+  code the measured trial loop runs, so what a training run gets is what was measured::
 
     s = load_settings("runs/resnet/best.yaml")
     s.apply_backend_flags()
@@ -23,28 +28,32 @@ torch is imported inside the methods only, so ``import trainopt`` stays light.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ContextManager, Mapping
 
 import yaml
 
 from trainopt import __version__
 from trainopt import distributed as dist_mod
+from trainopt.apply import DEVICE_PATTERN
 from trainopt.errors import UserError
-from trainopt.knobs import KNOBS, KnobValueError, coerce_value, default_settings
+from trainopt.knobs import KNOBS, KnobValueError, coerce_value, default_settings, distributed_reason
 
 __all__ = [
     "SETTINGS_SCHEMA_VERSION",
     "SettingsError",
+    "SettingsRecord",
     "TrainSettingsWarning",
     "TrainSettings",
     "load_settings",
+    "read_settings_file",
+    "record_from_document",
     "settings_from_dict",
+    "validate_record",
 ]
 
 SETTINGS_SCHEMA_VERSION = 1
@@ -52,8 +61,6 @@ SETTINGS_KIND = "trainopt-settings"
 TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "distributed", "provenance")
 DISTRIBUTED_KEYS = ("nproc_per_node", "backend")
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-_COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
 
 
 class SettingsError(UserError):
@@ -104,10 +111,12 @@ def _check_distributed(block: Any) -> list[str]:
     return problems
 
 
-def _check_fields(device: Any, settings: Any, provenance: Any, distributed: Any = None) -> tuple[list[str], dict[str, Any]]:
+def _check_fields(
+    device: Any, settings: Any, provenance: Any, distributed: Any = None
+) -> tuple[list[str], dict[str, Any]]:
     """Check device, settings, the distributed block and provenance; return the problems and the complete settings."""
     problems: list[str] = _check_distributed(distributed)
-    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+    if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
         problems.append(f"device: {device!r} is not one of auto, cpu, cuda, cuda:N")
     merged = default_settings()
     if settings is None:
@@ -130,8 +139,7 @@ def _check_fields(device: Any, settings: Any, provenance: Any, distributed: Any 
             except KnobValueError as exc:
                 problems.append(f"settings.{name}: {exc}")
     if not problems:
-        world = dist_mod.world_size(distributed) if distributed else None
-        reason = dist_mod.not_applicable_reason(merged, world)
+        reason = distributed_reason(merged, dist_mod.world_size(distributed) if distributed else None)
         if reason:
             problems.append(f"settings: {reason}")
     if provenance is not None:
@@ -148,42 +156,123 @@ def _check_fields(device: Any, settings: Any, provenance: Any, distributed: Any 
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    """Validated training-speed settings and the methods that apply them.
+class SettingsRecord:
+    """Validated settings as plain, read-only data: the schema of ``best.yaml``.
 
-    The fields are fixed once built; the only state that changes while training (the
-    fp16 gradient scaler, the resolved device) lives in private attributes.
+    Build it with ``validate_record`` or ``record_from_document``, which check every field.
 
     Attributes:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        settings: Every knob's value (knobs not given take their defaults). Treat it as
-            read-only.
+        settings: Every knob's value (knobs not given take their defaults), read-only.
         provenance: Where and how the settings were measured; empty for hand-written files.
         source: The file the settings were read from, for messages; None when built in code.
-        distributed: The spec's ``distributed`` block (``nproc_per_node``, ``backend``) when
-            the settings were measured as a data-parallel job, else None.
+        distributed: The ``distributed`` block (``nproc_per_node``, ``backend``) when the
+            settings were measured as a data-parallel job, else None.
+    """
+
+    device: str
+    settings: Mapping[str, Any]
+    provenance: Mapping[str, Any]
+    source: str | None = None
+    distributed: Mapping[str, Any] | None = None
+
+
+def _distributed_block(block: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    return MappingProxyType({"backend": "auto", **block}) if block else None
+
+
+def validate_record(
+    device: Any = "auto",
+    settings: Any = None,
+    provenance: Any = None,
+    source: str | None = None,
+    distributed: Any = None,
+) -> SettingsRecord:
+    """Check device, knob values, the distributed block and provenance; return the complete record.
+
+    Raises:
+        SettingsError: Listing every invalid field with its dotted path.
+    """
+    problems, merged = _check_fields(device, settings, provenance, distributed)
+    if problems:
+        raise SettingsError(problems, source)
+    # Copies, so a caller changing its own dicts later cannot change these settings.
+    return SettingsRecord(
+        device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source, _distributed_block(distributed)
+    )
+
+
+class TrainSettings:
+    """Validated training-speed settings and the methods that apply them as measured.
+
+    The fields are read-only; the state that changes while training (the fp16 gradient
+    scaler, the resolved device) lives in the ``trainopt.apply.Applier`` built on first use.
+
+    Args:
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        settings: Knob values; knobs not given take their defaults.
+        provenance: Where and how the settings were measured.
+        source: The file the settings were read from, for messages.
+        distributed: The ``distributed`` block of a data-parallel measurement
+            (``nproc_per_node``, ``backend``), or None.
 
     Raises:
         SettingsError: A field is invalid (raised on construction).
     """
 
-    device: str = "auto"
-    settings: dict[str, Any] = field(default_factory=default_settings)
-    provenance: dict[str, Any] = field(default_factory=dict)
-    source: str | None = None
-    distributed: dict[str, Any] | None = None
-    _scaler: Any = field(default=None, init=False, repr=False, compare=False)
-    _device: Any = field(default=None, init=False, repr=False, compare=False)
+    def __init__(
+        self,
+        device: str = "auto",
+        settings: Mapping[str, Any] | None = None,
+        provenance: Mapping[str, Any] | None = None,
+        source: str | None = None,
+        distributed: Mapping[str, Any] | None = None,
+    ):
+        self._record = validate_record(device, settings, provenance, source, distributed)
+        self._applier = None
 
-    def __post_init__(self) -> None:
-        problems, merged = _check_fields(self.device, self.settings, self.provenance, self.distributed)
-        if problems:
-            raise SettingsError(problems, self.source)
-        if self.distributed is not None:
-            object.__setattr__(self, "distributed", {"backend": "auto", **self.distributed})
-        # Copies, so a caller mutating its own dicts later cannot change these settings.
-        object.__setattr__(self, "settings", merged)
-        object.__setattr__(self, "provenance", dict(self.provenance or {}))
+    @classmethod
+    def from_record(cls, record: SettingsRecord) -> "TrainSettings":
+        """Wrap an already validated record."""
+        obj = cls.__new__(cls)
+        obj._record = record
+        obj._applier = None
+        return obj
+
+    def __repr__(self) -> str:
+        return f"TrainSettings(device={self.device!r}, settings={dict(self.settings)!r}, source={self.source!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrainSettings) and self._record == other._record
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def record(self) -> SettingsRecord:
+        """The validated plain data."""
+        return self._record
+
+    @property
+    def device(self) -> str:
+        return self._record.device
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """Every knob's value (read-only)."""
+        return self._record.settings
+
+    @property
+    def provenance(self) -> Mapping[str, Any]:
+        return self._record.provenance
+
+    @property
+    def source(self) -> str | None:
+        return self._record.source
+
+    @property
+    def distributed(self) -> Mapping[str, Any] | None:
+        """The ``distributed`` block (``nproc_per_node``, ``backend``), or None for single-process settings."""
+        return self._record.distributed
 
     # ---- what was measured --------------------------------------------------------
 
@@ -213,7 +302,31 @@ class TrainSettings:
         keys = [k for k in COMPARED_KEYS if k in measured]
         return differences({k: measured[k] for k in keys}, {k: here.get(k) for k in keys})
 
-    # ---- applying the knobs -------------------------------------------------------
+    # ---- applying the knobs (all through trainopt.apply) ----------------------------
+
+    @property
+    def applier(self):
+        """The ``trainopt.apply.Applier`` for these settings on this machine's device.
+
+        Raises:
+            SettingsError: CUDA was asked for but is not available.
+        """
+        if self._applier is None:
+            from trainopt.apply import Applier, DeviceUnavailableError, resolve_device
+
+            try:
+                device = resolve_device(self.device)
+            except DeviceUnavailableError as exc:
+                raise SettingsError([str(exc)], self.source) from None
+            if self.distributed and device.type == "cuda":
+                # Under torchrun each process trains on its own GPU, as the trials did.
+                import os
+
+                import torch
+
+                device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            self._applier = Applier(self.settings, device, data_parallel=bool(self.distributed))
+        return self._applier
 
     def device_obj(self):
         """The torch.device to train on; ``auto`` is CUDA when available, else CPU.
@@ -221,72 +334,33 @@ class TrainSettings:
         Raises:
             SettingsError: CUDA was asked for but is not available.
         """
-        if self._device is not None:
-            return self._device
-        import torch
-
-        if self.device == "auto":
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        elif self.distributed and self.device.startswith("cuda"):
-            device = torch.device("cuda")
-        else:
-            device = torch.device(self.device)
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise SettingsError(
-                    [f"device: {self.device!r} was asked for but CUDA is not available here; use device: auto or cpu"],
-                    self.source,
-                )
-        if self.distributed and device.type == "cuda":
-            # Under torchrun each rank trains on its own GPU, as the trials did.
-            import os
-
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        object.__setattr__(self, "_device", device)
-        return device
-
-    def _on_cuda(self) -> bool:
-        return self.device_obj().type == "cuda"
+        return self.applier.device
 
     def apply_backend_flags(self) -> None:
-        """Set the thread count, cuDNN benchmark and TF32 flags as measured.
+        """Set the thread count, cuDNN benchmark and both TF32 flags (matmul and cuDNN) as measured.
 
         The cuDNN and TF32 flags affect CUDA only; they are set on every device so a
         process that moves to CUDA later still runs as measured.
         """
-        import torch
-
-        s = self.settings
-        if s["threads"] is not None:
-            torch.set_num_threads(s["threads"])
-        torch.backends.cudnn.benchmark = bool(s["cudnn_benchmark"])
-        torch.backends.cuda.matmul.allow_tf32 = bool(s["tf32"])
-        torch.backends.cudnn.allow_tf32 = bool(s["tf32"])
+        self.applier.apply_backend_flags()
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (add ``shuffle`` yourself).
 
         ``drop_last`` is on because every measured batch had the same shape (a compiled
         model recompiles on a new shape). ``persistent_workers`` and ``prefetch_factor``
-        are left out without workers, where DataLoader rejects them.
+        are left out without workers, where DataLoader rejects them; ``pin_memory`` is on
+        only towards CUDA, where it was measured.
         """
-        s = self.settings
-        kwargs: dict[str, Any] = {
-            "batch_size": s["batch_size"],
-            "num_workers": s["num_workers"],
-            # Pinned memory only helps copies to an accelerator; on CPU it was not measured.
-            "pin_memory": bool(s["pin_memory"]) and self._on_cuda(),
-            "drop_last": True,
-        }
-        if s["num_workers"] > 0:
-            kwargs["persistent_workers"] = bool(s["persistent_workers"])
-            if s["prefetch_factor"] is not None:
-                kwargs["prefetch_factor"] = s["prefetch_factor"]
-        return kwargs
+        return self.applier.loader_kwargs()
 
     def prepare_model(self, model):
         """Move the model to the device, apply channels-last, switch to training, compile.
 
-        Build the optimizer from ``model.parameters()`` after this call.
+        With a ``distributed`` block the model is also wrapped in ``DistributedDataParallel``
+        (with the ``ddp_*`` knobs' arguments, before compile, as measured): call
+        ``init_distributed()`` first. Build the optimizer from ``model.parameters()`` after
+        this call.
 
         Args:
             model: A ``torch.nn.Module``.
@@ -295,16 +369,16 @@ class TrainSettings:
             The module to call in the training loop (the compiled one when ``compile`` is
             on; it shares parameters with ``model``).
         """
-        import torch
+        if self.distributed:
+            import torch.distributed as dist
 
-        s = self.settings
-        model = model.to(self.device_obj())
-        if s["channels_last"]:
-            model = model.to(memory_format=torch.channels_last)
-        model.train()
-        if s["compile"] != "off":
-            return torch.compile(model, mode=_COMPILE_MODES[s["compile"]])
-        return model
+            if not dist.is_initialized():
+                raise SettingsError(
+                    ["distributed: these settings were measured data-parallel; call s.init_distributed() "
+                     "(under torchrun) before s.prepare_model(model)"],
+                    self.source,
+                )
+        return self.applier.prepare_model(model)
 
     def to_device(self, x, y):
         """Move one batch to the device as measured (non-blocking from pinned memory).
@@ -316,30 +390,15 @@ class TrainSettings:
         Returns:
             ``(x, y)`` on the device.
         """
-        import torch
-
-        device = self.device_obj()
-        non_blocking = bool(self.settings["pin_memory"]) and device.type == "cuda"
-        x = x.to(device, non_blocking=non_blocking)
-        y = y.to(device, non_blocking=non_blocking)
-        if self.settings["channels_last"] and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return self.applier.to_device(x, y)
 
     def autocast_dtype(self):
         """The autocast dtype (``torch.bfloat16`` or ``torch.float16``), or None when amp is off."""
-        import torch
-
-        return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.settings["amp"]]
+        return self.applier.autocast_dtype()
 
     def autocast(self) -> ContextManager[Any]:
         """A context manager for the forward pass and loss: autocast, or nothing when amp is off."""
-        import torch
-
-        dtype = self.autocast_dtype()
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_obj().type, dtype=dtype)
+        return self.applier.autocast()
 
     @property
     def grad_scaler(self):
@@ -347,47 +406,33 @@ class TrainSettings:
 
         Save its ``state_dict()`` with your checkpoints so a resumed run keeps its scale.
         """
-        if self.settings["amp"] != "fp16":
-            return None
-        if self._scaler is None:
-            import torch
+        return self.applier.grad_scaler
 
-            object.__setattr__(self, "_scaler", torch.amp.GradScaler(self.device_obj().type))
-        return self._scaler
-
-    def backward_and_step(self, loss, optimizer, step: int) -> bool:
+    def backward_and_step(self, loss, optimizer, step: int | None = None) -> bool:
         """Backward one micro-batch; step the optimizer after every ``grad_accum``-th.
 
         Args:
             loss: The micro-batch loss (unscaled; it is divided by ``grad_accum`` here).
             optimizer: The optimizer to step.
-            step: The 0-based micro-batch index, counted across the whole run.
+            step: The 0-based micro-batch index, counted across the whole run (the same
+                index ``should_log`` takes). Left out, the micro-batches passed here so
+                far are counted instead.
 
         Returns:
             True when the optimizer stepped (and the gradients were reset).
         """
-        accum = self.settings["grad_accum"]
-        scaled = loss / accum if accum > 1 else loss
-        scaler = self.grad_scaler
-        if scaler is not None:
-            scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
-        if (step + 1) % accum:
-            return False
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return True
+        applier = self.applier
+        if step is not None:
+            applier.micro_steps = step
+        return applier.backward_and_step(loss, optimizer)
 
     def optimizer_kwargs(self) -> dict[str, bool]:
         """Keyword arguments for your optimizer's constructor: ``{}``, ``foreach`` or ``fused``."""
-        return {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[self.settings["optimizer_impl"]]
+        from trainopt.apply import optimizer_kwargs
 
-    # ---- data parallel (the `distributed` block and the ddp_* knobs) ---------------
+        return optimizer_kwargs(self.settings["optimizer_impl"])
+
+    # ---- data parallel (the distributed block; the ddp_* knobs live in the applier) ----
 
     def launch_command(self, script: str = "train.py") -> str | None:
         """The torchrun command the settings were measured under, or None for single-process settings."""
@@ -396,10 +441,10 @@ class TrainSettings:
         return dist_mod.launch_command(self.distributed["nproc_per_node"], script)
 
     def init_distributed(self) -> None:
-        """Join the torchrun job: the measured backend (``auto``: nccl on CUDA, gloo on CPU), the rank's GPU.
+        """Join the torchrun job with the measured backend (``auto``: nccl on CUDA, gloo on CPU).
 
-        Call it once per process, first; does nothing for single-process settings or when
-        a process group already exists.
+        On CUDA it also selects this process's GPU (``cuda:LOCAL_RANK``). Does nothing for
+        single-process settings or when a process group exists already.
         """
         if not self.distributed:
             return
@@ -411,54 +456,46 @@ class TrainSettings:
             torch.cuda.set_device(device)
         if not dist.is_initialized():
             try:
-                backend = dist_mod.resolve_backend(self.distributed.get("backend", "auto"), device.type)
+                backend = dist_mod.resolve_backend(self.distributed["backend"], device.type)
             except ValueError as exc:
                 raise SettingsError([str(exc)], self.source) from None
             dist.init_process_group(backend)
 
-    def ddp_kwargs(self) -> dict[str, Any]:
-        """``DistributedDataParallel`` keyword arguments from the ddp_* knobs (``device_ids`` aside)."""
-        from trainopt.ddp import has_forward_sync_buffers
+    def sampler_kwargs(self, seed: int = 0) -> dict[str, Any]:
+        """``DistributedSampler`` keyword arguments as measured; give DataLoader the sampler, not ``shuffle``."""
+        from trainopt.apply import sampler_kwargs
 
-        return dist_mod.ddp_kwargs(self.settings, forward_sync_buffers=has_forward_sync_buffers())
+        return sampler_kwargs(seed)
 
     def wrap_ddp(self, model):
-        """Wrap a prepared model in ``DistributedDataParallel`` as measured.
+        """Wrap an already prepared module in ``DistributedDataParallel`` with the ``ddp_*`` knobs' arguments.
 
-        Call it after ``init_distributed()`` and before ``torch.compile``: pass the module
-        from ``prepare_model`` of settings without ``compile``, or wrap first and compile
-        the wrapper (``torch.compile(s.wrap_ddp(model))``), as the trials did.
+        ``prepare_model`` does this by itself for settings with a ``distributed`` block;
+        this is for models prepared some other way (wrap before ``torch.compile``).
         """
-        from torch.nn.parallel import DistributedDataParallel
+        return self.applier.wrap_ddp(model)
 
-        device = self.device_obj()
-        device_ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs())
+    def no_sync(self, step: int | None = None) -> ContextManager[Any]:
+        """Around one micro-batch's forward and ``backward_and_step``: DDP's ``no_sync()`` on accumulation steps.
 
-    def sampler_kwargs(self, seed: int = 0) -> dict[str, Any]:
-        """``DistributedSampler`` keyword arguments as measured; pass the sampler, not ``shuffle``, to DataLoader."""
-        return dist_mod.sampler_kwargs(seed)
-
-    def no_sync(self, model, step: int) -> ContextManager[Any]:
-        """``model.no_sync()`` on accumulation micro-batches of a DDP model, else a no-op context.
-
-        Put the forward pass and ``backward_and_step`` inside it, as the trials did: only the
-        last micro-batch of each optimizer step all-reduces the gradients.
+        Only the last micro-batch of each optimizer step all-reduces gradients, as measured;
+        a no-op context without DDP or without accumulation.
 
         Args:
-            model: The module being trained (``DistributedDataParallel`` or not).
-            step: The same 0-based micro-batch index passed to ``backward_and_step``.
+            step: The same 0-based micro-batch index passed to ``backward_and_step``; left
+                out, the micro-batches passed there so far are counted.
         """
-        accum = self.settings["grad_accum"]
-        if accum > 1 and (step + 1) % accum and hasattr(model, "no_sync"):
-            return model.no_sync()
-        return contextlib.nullcontext()
+        applier = self.applier
+        if step is not None:
+            applier.micro_steps = step
+        return applier.no_sync()
 
     def should_log(self, step: int) -> bool:
         """Whether to read the loss on the host (``loss.item()``) after this micro-batch.
 
-        The measured loop read the loss every ``sync_every`` optimizer steps; each read
-        waits for the device, so logging more often than that is slower than measured.
+        The measured loop read the loss every ``sync_every`` optimizer steps counted over
+        the whole run; each read waits for the device, so logging more often than that
+        is slower than measured.
 
         Args:
             step: The same 0-based micro-batch index passed to ``backward_and_step``.
@@ -466,14 +503,16 @@ class TrainSettings:
         Returns:
             True after every ``sync_every``-th optimizer step; never when ``sync_every`` is 0.
         """
-        every, accum = self.settings["sync_every"], self.settings["grad_accum"]
-        if not every or (step + 1) % accum:
+        from trainopt.apply import should_read_loss
+
+        accum = self.settings["grad_accum"]
+        if (step + 1) % accum:
             return False
-        return ((step + 1) // accum) % every == 0
+        return should_read_loss(self.settings["sync_every"], (step + 1) // accum)
 
 
-def settings_from_dict(data: Any, source: str | None = None) -> TrainSettings:
-    """Build ``TrainSettings`` from a parsed ``best.yaml`` document.
+def record_from_document(data: Any, source: str | None = None) -> SettingsRecord:
+    """Check a parsed ``best.yaml`` document and return its validated record.
 
     Args:
         data: The parsed document.
@@ -515,20 +554,34 @@ def settings_from_dict(data: Any, source: str | None = None) -> TrainSettings:
     device = data.get("device", "auto")
     provenance = data.get("provenance")
     block = data.get("distributed")
-    field_problems, _ = _check_fields(device, data.get("settings"), provenance, block)
+    field_problems, merged = _check_fields(device, data.get("settings"), provenance, block)
     problems += field_problems
     if problems:
         raise SettingsError(problems, source)
-    return TrainSettings(
-        device=device,
-        settings=dict(data.get("settings") or {}),
-        provenance=dict(provenance or {}),
-        source=source,
-        distributed=dict(block) if block else None,
+    return SettingsRecord(
+        device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source, _distributed_block(block)
     )
 
 
-def _read_yaml(path: Path) -> Any:
+def settings_from_dict(data: Any, source: str | None = None) -> "TrainSettings":
+    """Build ``TrainSettings`` from a parsed ``best.yaml`` document.
+
+    Args:
+        data: The parsed document.
+        source: Where it came from, for messages.
+
+    Raises:
+        SettingsError: Listing every invalid field with its dotted path.
+    """
+    return TrainSettings.from_record(record_from_document(data, source))
+
+
+def read_settings_file(path: Path) -> Any:
+    """The parsed YAML document of a settings file (no validation).
+
+    Raises:
+        SettingsError: Missing, unreadable or non-UTF-8 file, or a YAML error with line and column.
+    """
     source = str(path)
     try:
         raw = path.read_bytes()
@@ -572,7 +625,7 @@ def load_settings(path: str | Path, warn: bool = True) -> TrainSettings:
             column), or invalid fields (with their dotted path).
     """
     path = Path(path)
-    settings = settings_from_dict(_read_yaml(path), source=str(path))
+    settings = settings_from_dict(read_settings_file(path), source=str(path))
     if warn:
         diffs = settings.environment_differences()
         if diffs:

@@ -333,7 +333,7 @@ def _cross_checks(spec: Spec) -> list[str]:
                 f"baseline: batch_size {b['batch_size']} x grad_accum {b['grad_accum']}{ranks} = "
                 f"{product}, but limits.effective_batch is {eff}; make them agree"
             )
-    reason = dist_mod.not_applicable_reason(spec.baseline, spec.world_size if spec.distributed else None)
+    reason = knobs.distributed_reason(spec.baseline, spec.world_size if spec.distributed else None)
     if reason:
         problems.append(f"baseline: {reason}")
     bs = spec.search.get("batch_size")

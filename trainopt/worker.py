@@ -34,27 +34,26 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MARKERS)
 
 
-def _cap_memory(memory_gb: float | None) -> None:
-    """Cap this process's address space so an over-large batch fails like a full GPU.
+def _cap_memory(memory_gb: float | None, device) -> None:
+    """Make an over-large batch fail with the allocator's own out-of-memory error.
 
-    Set after ``import torch`` (whose libraries reserve address space up front), so the
-    cap bounds what training allocates. Loader workers inherit the cap.
+    On CUDA the device's caching allocator is capped at ``memory_gb`` (as a fraction of
+    the device's memory): an address-space limit would make the CUDA driver itself fail
+    to start. On a CPU the process's address space is capped, set after ``import torch``
+    (whose libraries reserve address space up front) so that it bounds what training
+    allocates; loader workers inherit the cap.
     """
     if memory_gb is None:
         return
     limit = int(memory_gb * 1024**3)
+    if device.type == "cuda":
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = int(torch.cuda.get_device_properties(index).total_memory)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
+        return
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _resolve_device(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} was asked for but CUDA is not available; use device: auto or cpu")
-    return device
 
 
 def _last_line(exc: BaseException) -> str:
@@ -84,6 +83,7 @@ def fill_result(result: TrialResult, m, dataset_len: int | None) -> None:
     result.last_loss = m.last_loss
     result.steps = m.steps
     result.dataset_len = dataset_len
+    result.grad_scaler = m.grad_scaler
 
 
 def execute(request: TrialRequest) -> TrialResult:
@@ -91,6 +91,7 @@ def execute(request: TrialRequest) -> TrialResult:
     import torch
 
     from trainopt import fingerprint
+    from trainopt.apply import resolve_device
     from trainopt.measure import NonFiniteLoss, Trainer, measure_throughput, probe_memory
     from trainopt.workloads import build_workload
 
@@ -101,13 +102,13 @@ def execute(request: TrialRequest) -> TrialResult:
         result.error = "a spec with a distributed block runs each trial under torchrun (trainopt.ddp), not trainopt.worker"
         return result
     try:
-        device = _resolve_device(request.spec.get("device", "auto"))
+        device = resolve_device(request.spec.get("device", "auto"))
         result.env = fingerprint.environment(device)
         reason = knobs.not_applicable_reason(settings, device.type)
         if reason:
             result.status, result.error = "not_applicable", reason
             return result
-        _cap_memory(request.memory_gb)
+        _cap_memory(request.memory_gb, device)
         torch.manual_seed(int(request.spec.get("seed", 0)))
         workload = build_workload(request.spec, Path(request.source_dir))
         if settings["channels_last"] and not workload.image_like:

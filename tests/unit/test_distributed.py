@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_spec_dict
-from trainopt import batch, distributed, knobs, launch
+from trainopt import apply, batch, distributed, knobs, launch, plan
 from trainopt.export import render_settings
 from trainopt.protocol import TrialRequest
 from trainopt.settings import SettingsError, TrainSettings, settings_from_dict
@@ -93,10 +93,10 @@ def test_defaults_apply_everywhere_and_static_graph_refuses_accumulation():
 
 
 def test_ddp_knobs_are_in_the_catalog_in_their_own_stage():
-    names = list(distributed.DDP_KNOBS)
-    assert all(knobs.KNOBS[n].stage == "distributed" for n in names)
-    order = knobs.GUIDE_ORDER
-    assert order.index("ddp_bucket_cap_mb") > order.index("cudnn_benchmark") and order.index("ddp_bucket_cap_mb") < order.index("compile")
+    names = list(apply.DDP_KWARGS)
+    assert [n for n, k in knobs.KNOBS.items() if k.stage == "distributed"] == names
+    order = plan.knob_order({"compile": ["off"], "ddp_bucket_cap_mb": [1], "cudnn_benchmark": [True]})
+    assert order == ["cudnn_benchmark", "ddp_bucket_cap_mb", "compile"]
 
 
 # ---- what the knobs mean ------------------------------------------------------------------
@@ -104,14 +104,14 @@ def test_ddp_knobs_are_in_the_catalog_in_their_own_stage():
 
 def test_ddp_kwargs_name_every_knob_and_follow_the_buffer_rename():
     s = {**knobs.default_settings(), "ddp_bucket_cap_mb": 50, "ddp_broadcast_buffers": False}
-    assert distributed.ddp_kwargs(s) == {
+    assert apply.ddp_kwargs(s) == {
         "bucket_cap_mb": 50,
         "gradient_as_bucket_view": False,
         "static_graph": False,
         "find_unused_parameters": False,
         "broadcast_buffers": False,
     }
-    new = distributed.ddp_kwargs(knobs.default_settings(), forward_sync_buffers=True)
+    new = apply.ddp_kwargs(knobs.default_settings(), forward_sync_buffers=True)
     assert "bucket_cap_mb" not in new and new["forward_sync_buffers"] is True and "broadcast_buffers" not in new
 
 
@@ -255,8 +255,13 @@ def test_no_sync_only_on_accumulation_steps():
         def no_sync(self):
             return "no_sync"
 
-    s = _ddp_settings()
-    assert [s.no_sync(Model(), step) == "no_sync" for step in range(4)] == [True, False, True, False]
+    s = _ddp_settings(batch_size=32, grad_accum=3)
+    s.applier.ddp_model = Model()  # as wrap_ddp leaves it
+    assert [s.no_sync(step) == "no_sync" for step in range(6)] == [True, True, False, True, True, False]
+    # Counted by the applier when no step is given: it follows backward_and_step's micro-steps.
+    s.applier.micro_steps = 4
+    assert s.no_sync() == "no_sync"
+    assert TrainSettings(settings={"grad_accum": 3}).no_sync(0).__class__.__name__ == "nullcontext"
 
 
 @pytest.mark.parametrize("fmt", ["torch", "lightning", "hf", "yaml"])
@@ -264,7 +269,7 @@ def test_exports_say_how_to_launch_and_name_every_ddp_knob(fmt):
     s = _ddp_settings(ddp_bucket_cap_mb=50, ddp_gradient_as_bucket_view=True, ddp_find_unused_parameters=True)
     text = render_settings(s, fmt)
     assert distributed.launch_command(2) in text
-    for knob in distributed.DDP_KNOBS:
+    for knob in apply.DDP_KWARGS:
         assert knob in text, f"{knob} missing from {fmt}"
     if fmt == "torch":
         compile(text, "export.py", "exec")

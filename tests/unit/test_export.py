@@ -166,17 +166,163 @@ def test_torch_snippet_without_loss_reads(tmp_path):
     assert ".item()" not in code
 
 
-def test_torch_snippet_runs(tmp_path):
-    """The snippet trains for real when given a model, data set and loss."""
+@pytest.mark.parametrize("fmt", ["torch", "lightning", "hf"])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_tf32_is_code_for_both_flags(tmp_path, fmt, tf32):
+    """PyTorch's cuDNN TF32 default is on: tf32: false must switch it off in code, not a comment."""
+    code = _code_lines(render_export(_best(tmp_path, device="cuda", tf32=tf32), fmt))
+    for flag in ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32"):
+        assert any(line.startswith(f"{flag} = {tf32}") for line in code), (flag, code)
+
+
+def test_every_non_default_value_is_code(tmp_path):
+    """A value that differs from PyTorch's own default must appear in the code lines, not only in comments."""
+    device, settings = COMBOS["everything"]
+    code = "\n".join(_code_lines(render_export(_best(tmp_path, device=device, **settings), "torch")))
+    for needle in ["set_num_threads(8)", "benchmark = True", "allow_tf32 = True", "batch_size=128", "num_workers=8",
+                   "pin_memory=True", "persistent_workers=True", "prefetch_factor=2", "channels_last", "float16",
+                   "GradScaler", "grad_accum = 4", "fused=True", 'mode="max-autotune"', "% 50 == 0"]:
+        assert needle in code, needle
+
+
+class _StepCounter:
+    """Counts optimizer steps of every optimizer, through torch's global step hook."""
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.steps = 0
+
+        def hook(optimizer, args, kwargs):
+            self.steps += 1
+
+        self._handle = register_optimizer_step_post_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+@pytest.fixture
+def restore_torch_flags():
     import torch
 
-    text = render_export(_best(tmp_path, device="cpu", grad_accum=2, amp="bf16", channels_last=True, batch_size=4), "torch")
+    saved = (torch.get_num_threads(), torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    yield
+    torch.set_num_threads(saved[0])
+    torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:]
+
+
+def _exec_torch_export(text):
+    import torch
+
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
     data = [(torch.randn(3, 8, 8), torch.tensor(i % 2)) for i in range(16)]
-    scope = {"model": model, "dataset": data, "loss_fn": torch.nn.functional.cross_entropy, "print": lambda *a: None}
+    printed = []
+    scope = {"model": model, "dataset": data, "loss_fn": torch.nn.functional.cross_entropy,
+             "print": lambda *a: printed.append(a)}
     before = model[0].weight.detach().clone()
-    exec(compile(text, "<export>", "exec"), scope)
+    with _StepCounter() as counter:
+        exec(compile(text, "<export>", "exec"), scope)
+    return scope, model, before, counter.steps, printed
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"grad_accum": 2, "amp": "bf16", "channels_last": True, "batch_size": 4, "sync_every": 1},
+        {"grad_accum": 1, "amp": "off", "batch_size": 2, "tf32": False, "cudnn_benchmark": True, "threads": 1,
+         "optimizer_impl": "foreach", "sync_every": 3},
+        {"grad_accum": 4, "amp": "fp16", "batch_size": 2, "sync_every": 0, "optimizer_impl": "fused"},
+    ],
+    ids=["bf16-accum-channels-last", "flags-foreach", "fp16-accum-fused"],
+)
+def test_torch_export_executes_as_measured(tmp_path, restore_torch_flags, settings):
+    """The pasted torch code, run for real, sets what the trial set and steps as the trial stepped."""
+    import torch
+
+    from trainopt.apply import backend_flags
+
+    # The opposite of what the export should set, so a flag left alone is caught.
+    torch.backends.cudnn.allow_tf32 = not settings.get("tf32", False)
+    torch.backends.cuda.matmul.allow_tf32 = not settings.get("tf32", False)
+    torch.backends.cudnn.benchmark = not settings.get("cudnn_benchmark", False)
+    full = {**default_settings(), **settings}
+    text = render_export(_best(tmp_path, device="cpu", **settings), "torch")
+    scope, model, before, steps, printed = _exec_torch_export(text)
+
+    assert torch.backends.cudnn.benchmark is backend_flags(full)["torch.backends.cudnn.benchmark"]
+    assert torch.backends.cuda.matmul.allow_tf32 is full["tf32"]
+    assert torch.backends.cudnn.allow_tf32 is full["tf32"]
+    if full["threads"] is not None:
+        assert torch.get_num_threads() == full["threads"]
+    micro = 16 // full["batch_size"]
+    assert steps == micro // full["grad_accum"]
+    assert len(printed) == (steps // full["sync_every"] if full["sync_every"] else 0)
+    loader = scope["loader"]
+    assert (loader.batch_size, loader.num_workers, loader.drop_last, loader.pin_memory) == (
+        full["batch_size"], full["num_workers"], True, False)
+    if full["channels_last"]:
+        assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert ("scaler" in scope) is (full["amp"] == "fp16")
+    optimizer = scope["optimizer"]
+    impl = full["optimizer_impl"]
+    assert optimizer.defaults.get("foreach") is (True if impl == "foreach" else None)
+    assert bool(optimizer.defaults.get("fused")) is (impl == "fused")
     assert not torch.equal(before, model[0].weight.detach())
+
+
+def _kwargs_of_call(text, call):
+    """Keyword names passed to ``call(`` in rendered code (parsed, not executed)."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == call:
+                names += [kw.arg for kw in node.keywords]
+    assert names, f"no {call}( call in the export"
+    return names
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_lightning_kwargs_match_the_real_signature(tmp_path, combo):
+    lightning = pytest.importorskip("lightning", reason="lightning is not installed; its signature cannot be checked")
+    import inspect
+
+    device, settings = COMBOS[combo]
+    params = inspect.signature(lightning.Trainer).parameters
+    for name in _kwargs_of_call(render_export(_best(tmp_path, device=device, **settings), "lightning"), "Trainer"):
+        assert name in params, name
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_hf_kwargs_match_the_real_signature(tmp_path, combo):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed; its signature cannot be checked")
+    import inspect
+
+    device, settings = COMBOS[combo]
+    params = inspect.signature(transformers.TrainingArguments).parameters
+    for name in _kwargs_of_call(render_export(_best(tmp_path, device=device, **settings), "hf"), "TrainingArguments"):
+        assert name in params, name
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_dataloader_kwargs_in_exports_match_the_real_signature(tmp_path, combo):
+    """DataLoader is always here: every keyword the torch and Lightning exports pass exists."""
+    import inspect
+
+    import torch
+
+    device, settings = COMBOS[combo]
+    params = inspect.signature(torch.utils.data.DataLoader).parameters
+    for fmt in ("torch", "lightning"):
+        for name in _kwargs_of_call(render_export(_best(tmp_path, device=device, **settings), fmt), "DataLoader"):
+            assert name in params, (fmt, name)
 
 
 @pytest.mark.parametrize("amp, precision", [("off", "32-true"), ("bf16", "bf16-mixed"), ("fp16", "16-mixed")])
@@ -202,7 +348,8 @@ def test_lightning_trainer_kwargs(tmp_path):
         "accumulate_grad_batches=4",
         "benchmark=True",
         "log_every_n_steps=50",
-        'torch.set_float32_matmul_precision("high")',
+        "torch.backends.cuda.matmul.allow_tf32 = True",
+        "torch.backends.cudnn.allow_tf32 = True",
         "torch.set_num_threads(8)",
         'model = torch.compile(model, mode="max-autotune")',
         "channels_last",

@@ -17,10 +17,14 @@ from trainopt.fingerprint import environment
 from trainopt.knobs import KNOBS, default_settings
 from trainopt.settings import (
     SettingsError,
+    SettingsRecord,
     TrainSettings,
     TrainSettingsWarning,
     load_settings,
+    read_settings_file,
+    record_from_document,
     settings_from_dict,
+    validate_record,
 )
 
 FULL = {
@@ -115,6 +119,44 @@ def test_settings_are_frozen_and_copied():
     assert s.settings["batch_size"] == 8
     with pytest.raises(AttributeError):
         s.device = "cuda"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.settings["batch_size"] = 16  # type: ignore[index]
+    assert s.settings["batch_size"] == 8
+
+
+# ---- schema, file reading and applying are separate --------------------------------------
+
+
+def test_record_is_validated_plain_data():
+    record = validate_record("cuda:1", {"amp": "bf16"}, {"search": "demo"}, source="x.yaml")
+    assert isinstance(record, SettingsRecord)
+    assert record.device == "cuda:1" and record.source == "x.yaml"
+    assert dict(record.settings) == {**default_settings(), "amp": "bf16"}
+    assert dict(record.provenance) == {"search": "demo"}
+    # Building the record needs no device: cuda:1 is only resolved when applied.
+    assert TrainSettings.from_record(record).record is record
+
+
+def test_file_reading_returns_the_document_unvalidated(tmp_path):
+    path = _write(tmp_path, "settings: {amp: fp8}\nextra: 1\n")
+    assert read_settings_file(path) == {"settings": {"amp": "fp8"}, "extra": 1}
+    with pytest.raises(SettingsError) as err:
+        record_from_document(read_settings_file(path), source=str(path))
+    assert {p.split(":")[0] for p in err.value.problems} == {"extra", "settings.amp"}
+
+
+def test_settings_equal_by_value():
+    assert TrainSettings(device="cpu", settings={"amp": "bf16"}) == TrainSettings(device="cpu", settings={"amp": "bf16"})
+    assert TrainSettings(device="cpu") != TrainSettings(device="cpu", settings={"amp": "bf16"})
+
+
+def test_backward_and_step_counts_micro_batches_without_a_step_index():
+    s = TrainSettings(device="cpu", settings={"grad_accum": 2})
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stepped = [s.backward_and_step(model(torch.ones(1, 2)).sum(), optimizer) for _ in range(4)]
+    assert stepped == [False, True, False, True]
+    assert s.applier.optimizer_steps == 2
 
 
 # ---- errors --------------------------------------------------------------------------
@@ -293,10 +335,13 @@ def test_apply_backend_flags():
     assert torch.get_num_threads() == 1
     assert torch.backends.cudnn.benchmark is True
     assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.backends.cudnn.allow_tf32 is True
     TrainSettings(device="cpu").apply_backend_flags()
     assert torch.get_num_threads() == 1  # threads: null leaves the count alone
     assert torch.backends.cudnn.benchmark is False
     assert torch.backends.cuda.matmul.allow_tf32 is False
+    # tf32: false means no TF32 anywhere, though PyTorch's cuDNN default is TF32 on.
+    assert torch.backends.cudnn.allow_tf32 is False
 
 
 def test_dataloader_kwargs_without_workers():

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
+from trainopt.apply import optimizer_kwargs
 from trainopt.workloads.data import BUILTIN_DATA, build_dataset
 from trainopt.workloads.models import BUILTIN_MODELS
 from trainopt.reference import WorkloadError, check_kwargs, is_reference, resolve_reference
@@ -30,7 +31,6 @@ __all__ = [
     "BUILTIN_DATA",
     "BUILTIN_LOSSES",
     "BUILTIN_OPTIMIZERS",
-    "OPTIMIZER_IMPLS",
 ]
 
 
@@ -89,20 +89,13 @@ BUILTIN_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
 }
-OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-
-
-def _impl_kwargs(impl: str) -> dict[str, bool]:
-    if impl not in OPTIMIZER_IMPLS:
-        raise ValueError(f"optimizer impl {impl!r} is not one of {', '.join(OPTIMIZER_IMPLS)}")
-    return {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
 
 
 def _with_impl(args: Mapping[str, Any], impl: str) -> dict[str, Any]:
     # The impl knob is what is being measured, so it overrides foreach/fused in the
     # spec's args; only the one key is set, since older optimizers lack the other.
     kwargs = dict(args)
-    extra = _impl_kwargs(impl)
+    extra = optimizer_kwargs(impl)
     if extra:
         kwargs.pop("foreach", None)
         kwargs.pop("fused", None)
@@ -135,7 +128,7 @@ def _optimizer_factory(name: str, args: Mapping[str, Any], source_dir: Path):
 
     def make(params: Iterable[Any], impl: str = "default") -> torch.optim.Optimizer:
         kwargs = _with_impl(args, impl)
-        for key in _impl_kwargs(impl):
+        for key in optimizer_kwargs(impl):
             if not _accepts(factory, key):
                 raise WorkloadError(f"{label} takes no {key!r} argument, so optimizer_impl={impl} cannot apply to it")
         return factory(params, **kwargs)
