@@ -73,8 +73,9 @@ def test_one_failing_rank_is_classified_and_nothing_is_left(tmp_path, cli_env, f
         data={"name": f"{FAULTY}:data", "args": {}},
         # The hanging trial also has a loader worker per rank, which must be gone afterwards too.
         baseline={"batch_size": 16, "threads": 1, "num_workers": 1 if fault == "hang" else 0},
-        # Long enough for two ranks to start on a busy 2-core machine; a hang waits it out.
-        measure={"trial_timeout_s": 45},
+        # Long enough for two ranks to start on a busy 2-core machine; the hang waits out a
+        # shorter limit (slow start or hang, either way the trial must end as a timeout).
+        measure={"trial_timeout_s": 25 if fault == "hang" else 60},
     )
     proc, r, out = measure(tmp_path, spec, cli_env)
     assert proc.returncode == 1, proc.stderr[-3000:]
