@@ -292,3 +292,48 @@ def test_exports_say_how_to_launch_and_name_every_ddp_knob(fmt):
 def test_single_process_exports_list_the_ddp_knobs_as_unused():
     text = render_settings(TrainSettings(device="cpu"), "torch")
     assert "measured as one process (no distributed block)" in text and "DistributedDataParallel" not in text
+
+
+# ---- the applier under a real (one-process) process group ---------------------------------
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_applier_wraps_with_every_knob_and_skips_sync_on_accumulation_steps(one_process_group):
+    import torch
+
+    settings = {**knobs.default_settings(), "grad_accum": 2, "ddp_bucket_cap_mb": 7, "ddp_gradient_as_bucket_view": True,
+                "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": False}
+    a = apply.Applier(settings, torch.device("cpu"), data_parallel=True)
+    forward = a.prepare_model(torch.nn.Linear(4, 2))
+    ddp = a.ddp_model
+    assert forward is ddp and isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+    assert ddp.bucket_bytes_cap == 7 * 1024 * 1024
+    assert ddp.gradient_as_bucket_view and ddp.find_unused_parameters and not ddp.static_graph
+    assert getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None)) is False
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    seen = []
+    for _ in range(4):
+        with a.no_sync():
+            seen.append(ddp.require_backward_grad_sync)
+            a.backward_and_step(ddp(torch.randn(3, 4)).sum(), optimizer)
+    assert seen == [False, True, False, True]
+    assert a.optimizer_steps == 2
+    sampler = a.sampler(list(range(10)), seed=5)
+    assert (sampler.num_replicas, sampler.rank, sampler.shuffle, sampler.drop_last, sampler.seed) == (1, 0, True, True, 5)
+
+
+def test_single_process_applier_does_not_wrap():
+    import torch
+
+    a = apply.Applier({**knobs.default_settings(), "grad_accum": 2}, torch.device("cpu"))
+    model = a.prepare_model(torch.nn.Linear(4, 2))
+    assert a.ddp_model is None and not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert a.no_sync().__class__.__name__ == "nullcontext"
