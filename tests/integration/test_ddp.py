@@ -37,7 +37,17 @@ def measure(tmp_path: Path, spec: dict, env: dict, *sets: str) -> tuple[subproce
 
 def test_ddp_measure_reports_global_and_per_rank_figures(tmp_path, cli_env):
     spec = tiny_spec_dict(distributed=DISTRIBUTED, baseline={"batch_size": 16, "threads": 1, "grad_accum": 2})
+    # A second DDP trial at the same time: each torchrun picks its own rendezvous port.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    concurrent = subprocess.Popen(
+        [sys.executable, "-m", "trainopt", "measure", str(other / "spec.yaml"), "--json", "--out", str(other / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env,
+    )
     proc, r, out = measure(tmp_path, spec, cli_env, "ddp_bucket_cap_mb=1")
+    other_out, other_err = concurrent.communicate(timeout=300)
+    assert concurrent.returncode == 0 and json.loads(other_out)["status"] == "ok", other_err[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert r["status"] == "ok" and r["world_size"] == 2 and r["backend"] == "gloo"
     assert r["env"]["torch_threads"] == 1
