@@ -221,6 +221,11 @@ class DistributedLaunch:
         time.sleep(0.05)
         kill_process_tree(launcher_pid, pids)
 
+    def unfinished(self) -> list[int]:
+        """Ranks that had not finished (no ``done`` status) when the trial ended."""
+        statuses = self.rank_statuses()
+        return [r for r in range(self.nproc) if statuses.get(r, {}).get("state") != "done"]
+
     def classify(self, launcher_code: int | None) -> tuple[str, str]:
         """The status and message for this trial when rank 0 wrote no result."""
         return classify(self.nproc, self.rank_statuses(), self.failures(), launcher_code)

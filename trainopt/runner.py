@@ -118,6 +118,10 @@ class SubprocessRunner:
             # No result from rank 0: say which rank failed and how, from what the ranks left.
             result.status, result.error = launch.classify(returncode)
             result.world_size = launch.nproc
+        elif launch is not None and result.status == "timeout":
+            left = launch.unfinished()
+            result.error += f" (ranks still running: {', '.join(map(str, left))} of {launch.nproc})" if left else ""
+            result.world_size = launch.nproc
         result.wall_s = wall
         result.log_path = str(log_path)
         return result
