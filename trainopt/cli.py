@@ -305,25 +305,19 @@ def _on_sigterm(signum, frame):
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
     from trainopt.errors import UserError
-    from trainopt.protocol import SchemaVersionError
-    from trainopt.spec import SpecError
 
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
-    except SpecError as exc:
-        print(f"trainopt: error: {exc.render()}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SchemaVersionError as exc:
-        return _fail(str(exc))
+    except UserError as exc:
+        # Every problem the user can fix (spec, references, files, folders) is one family.
+        return _fail(exc.render())
     except KeyboardInterrupt:
         print("\ntrainopt: interrupted", file=sys.stderr)
         return 130
     except Terminated:
         print("\ntrainopt: terminated", file=sys.stderr)
         return 143
-    except UserError as exc:
-        return _fail(str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)

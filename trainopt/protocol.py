@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trainopt.errors import UserError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -31,8 +32,8 @@ STATUSES = ("ok", "oom", "timeout", "crashed", "nonfinite", "error", "not_applic
 FAILED_STATUSES = ("oom", "timeout", "crashed", "nonfinite", "error")
 
 
-class SchemaVersionError(ValueError):
-    """A JSON document written by an incompatible schema version."""
+class SchemaVersionError(UserError, ValueError):
+    """A JSON document written by an incompatible schema version (re-run with this trainopt)."""
 
 
 def _check_version(data: dict, what: str) -> None:
@@ -54,7 +55,10 @@ class TrialRequest:
         mode: ``measure`` (warm-up and timed windows) or ``probe`` (one full training
             step, to learn whether a batch fits in memory).
         result_path: Where the trial process writes its ``TrialResult``.
-        memory_gb: Address-space cap for the trial process, or None.
+        memory_gb: Memory limit for the trial, or None: on a CPU an address-space cap
+            (RLIMIT_AS) on the trial process; on CUDA the device allocator's limit
+            (``torch.cuda.set_per_process_memory_fraction``), since an address-space cap
+            breaks the CUDA driver.
         trial_id: Identifier used in logs.
     """
 
