@@ -154,8 +154,13 @@ def _summary(doc: dict[str, Any]) -> str:
     a = best.get("samples_per_s")
     if b and a:
         ci = doc.get("speedup_ci")
-        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({final.get('n_pairs')} pairs, {final.get('verdict')})" if ci else ""
+        pairs = best.get("n_pairs", final.get("n_pairs"))
+        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({pairs} pairs)" if ci else ""
         lines.append(f"throughput: {b:,.1f} -> {a:,.1f} samples/s; speedup {doc.get('speedup') or 1:.3f}x{ci_text}")
+    if final.get("verdict") and final.get("verdict") != "unchanged":
+        lines.append(f"final check: {final['verdict']}: {final.get('reason')}")
+    if best.get("source"):
+        lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
     kept = [d for d in doc["decisions"] if d["kept"]]
     if kept:
         lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
@@ -220,7 +225,7 @@ def cmd_search(args) -> int:
             # The trial in flight was stopped by the runner; everything finished is in the store.
             from trainopt.results import build_results
 
-            _write_all(folder.path, build_results(search, complete=False), resolved)
+            _write_all(folder.path, build_results(search.state, complete=False), resolved)
             print(
                 f"\ntrainopt: interrupted; {search.ran} trial(s) finished this time are saved. "
                 f"Run the same command again to resume.",
