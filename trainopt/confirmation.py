@@ -107,6 +107,9 @@ def confirm(next_pair: Callable[[int], Pair], rule: DecisionRule, planned_pairs:
         inc_runs.append(inc)
         answer = rule.assess([r.samples_per_s for r in cand_runs], [r.samples_per_s for r in inc_runs])
         if answer.done:
+            if answer.verdict not in stats.VERDICTS:
+                # A swapped-in rule must speak the verdicts the search and the reports know.
+                raise ValueError(f"decision rule {type(rule).__name__} returned verdict {answer.verdict!r}; expected one of {stats.VERDICTS}")
             break
     iv = answer.interval
     if iv is None:

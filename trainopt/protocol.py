@@ -16,7 +16,6 @@ from trainopt.errors import UserError
 
 __all__ = [
     "SCHEMA_VERSION",
-    "STATUSES",
     "FAILED_STATUSES",
     "TrialRequest",
     "TrialResult",
@@ -28,7 +27,7 @@ SCHEMA_VERSION = 1
 # ok: measured; oom: allocator ran out of memory; timeout: killed at the time limit;
 # crashed: died by a signal or exit code without a result; nonfinite: NaN/inf loss;
 # error: an exception (usually in user code); not_applicable: a knob cannot apply here.
-STATUSES = ("ok", "oom", "timeout", "crashed", "nonfinite", "error", "not_applicable")
+# The failed ones:
 FAILED_STATUSES = ("oom", "timeout", "crashed", "nonfinite", "error")
 
 

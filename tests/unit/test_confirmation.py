@@ -106,3 +106,9 @@ def test_search_takes_another_rule_through_the_seam(tmp_path):
     (amp,) = [d for d in doc["decisions"] if d["knob"] == "amp"]
     assert amp["verdict"] == "regressed" and not amp["kept"]
     assert len(rule.seen) == 2
+
+
+def test_a_rule_must_answer_with_a_known_verdict():
+    next_pair, _ = pairs_from([11, 12], [10, 10])
+    with pytest.raises(ValueError, match="returned verdict 'better'"):
+        confirm(next_pair, StopAfter(1, "better"))

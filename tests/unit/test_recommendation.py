@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainopt import knobs
 from trainopt.decision import Decision
-from trainopt.recommendation import recommend
+from trainopt.recommendation import SOURCES, recommend
 
 BASE = knobs.default_settings()
 
@@ -55,3 +55,9 @@ def test_partial_results_without_a_kept_change_recommend_the_baseline_unmeasured
 def test_an_unchanged_search_recommends_the_baseline_at_one():
     r = recommend(BASE, 100.0, [], final(BASE, "unchanged", 1.0))
     assert (r.source, r.speedup, r.reason) == ("baseline", 1.0, "unchanged reason")
+
+
+def test_the_report_names_every_source():
+    from trainopt.report.html import SOURCE_TEXTS
+
+    assert set(SOURCE_TEXTS) == set(SOURCES)

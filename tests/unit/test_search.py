@@ -258,3 +258,31 @@ def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path)
     text = _summary(search.run())
     assert "recommended (best.yaml): baseline: the final check of the combined settings said regressed" in text
     assert "final check: regressed:" in text
+
+
+def test_the_results_document_is_made_from_a_plain_state(tmp_path):
+    from trainopt.decision import Decision
+    from trainopt.results import build_results
+    from trainopt.state import SearchState, TrialRecord
+
+    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}), "t.yaml", tmp_path)
+    state = SearchState.for_spec(spec, tmp_path)
+    base = TrialResult(status="ok", settings=dict(spec.baseline), samples_per_s=100.0, step_time_s=0.16,
+                       data_wait_fraction=0.1, peak_memory_bytes=2048, env={"device_type": "cpu"},
+                       log_path=str(tmp_path / "logs" / "0000-baseline-baseline.log"))
+    state.baseline = base
+    state.trials.append(TrialRecord(id=0, key="baseline/baseline/0/x", stage="baseline", knob="baseline", role="baseline",
+                                    tag="0", mode="measure", result=base))
+    state.order, state.done_knobs, state.ran, state.reused = ["amp"], [], 1, 0
+    state.decisions.append(Decision(knob="amp", stage="precision", from_value="off", to_value="bf16", verdict="improved",
+                                    kept=True, speedup=1.4, ci=[1.3, 1.5], n_pairs=6, after_samples_per_s=140.0))
+    doc = build_results(state, complete=False)
+    assert doc["name"] == "tiny" and doc["spec_fingerprint"] == spec.fingerprint()
+    assert doc["missing"] == ["amp", "final check"] and doc["complete"] is False
+    assert doc["baseline"]["samples_per_s"] == 100.0 and doc["baseline"]["peak_memory_bytes"] == 2048
+    assert doc["best"]["settings"] == {**spec.baseline, "amp": "bf16"} and doc["best"]["source"] == "first-kept-change"
+    assert (doc["speedup"], doc["speedup_ci"], doc["best"]["samples_per_s"]) == (1.4, [1.3, 1.5], 140.0)
+    assert doc["decisions"][0]["from"] == "off" and doc["decisions"][0]["to"] == "bf16"
+    assert doc["trials"][0]["log"] == "logs/0000-baseline-baseline.log"
+    assert doc["counts"] == {"trials_run": 1, "trials_reused": 0}
+    assert doc["measure"] == spec.measure.model_dump(mode="json")
