@@ -43,9 +43,10 @@ class BatchSizeSearch:
         maximum: Never probe above this.
         margin: Fraction kept free below the largest fitting size (memory varies a little
             between runs, and a production run has other allocations).
-        tolerance: Bisection stops when the gap is within this fraction of the fitting size.
-        multiple: Probe sizes are multiples of this once they are at least this large
-            (kernels and tensor cores prefer aligned sizes).
+        tolerance: Bisection stops when the gap is within this fraction of the fitting size
+            (or when no probe size is left between the fitting and the failing size).
+        multiple: Bisection probes are multiples of this once they are at least this large
+            (kernels and tensor cores prefer aligned sizes); below it, every integer.
     """
 
     start: int
@@ -63,7 +64,15 @@ class BatchSizeSearch:
         self.start = min(self.start, self.maximum)
 
     def next_probe(self) -> int | None:
-        """The next size to try, or None when the search is over."""
+        """The next size to try, or None when the search is over.
+
+        Bisection stops when the gap between the largest fitting and the smallest failing
+        size is within ``tolerance`` of the fitting size, or when no probe size lies
+        strictly between them. Probe sizes are every integer below ``multiple`` and the
+        multiples of ``multiple`` from there on, so at 8 and above the answer is within
+        5 % or within one multiple (8) of the edge, whichever is larger; below 8 it is
+        exact.
+        """
         if not self.probes:
             return self.start
         if self._fail is None:
@@ -75,17 +84,25 @@ class BatchSizeSearch:
             # Even the start did not fit: back off by halves.
             nxt = self._fail // 2
             return nxt if nxt >= 1 else None
-        gap = self._fail - self._fit
-        if gap <= max(self.tolerance * self._fit, self.multiple if self._fit >= self.multiple else 1):
+        if self._fail - self._fit <= self.tolerance * self._fit:
             return None
-        mid = (self._fit + self._fail) / 2
-        step = self.multiple if self._fit >= self.multiple else 1
-        cand = _round_down(mid, step)
-        if cand <= self._fit:
-            cand = self._fit + step
-        if cand >= self._fail:
+        return self._nearest_probe_size(self._fit, self._fail)
+
+    def _allowed(self, size: int) -> bool:
+        return size < self.multiple or size % self.multiple == 0
+
+    def _nearest_probe_size(self, fit: int, fail: int) -> int | None:
+        """The allowed size strictly between ``fit`` and ``fail`` nearest their midpoint.
+
+        Ties go to the smaller size. None when no allowed size lies between them.
+        """
+        mid = (fit + fail) / 2
+        m = self.multiple
+        near = {math.floor(mid), math.ceil(mid), math.floor(mid / m) * m, math.ceil(mid / m) * m}
+        inside = [c for c in near if fit < c < fail and self._allowed(c)]
+        if not inside:
             return None
-        return cand
+        return min(inside, key=lambda c: (abs(c - mid), c))
 
     def record(self, size: int, fits: bool) -> None:
         """Answer a probe: did a full training step at ``size`` fit in memory?"""

@@ -40,20 +40,13 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
 
 
 def _load(spec_path: str):
+    from trainopt.refcheck import check_references
     from trainopt.spec import load_spec
-    from trainopt.reference import resolve_reference
 
     spec = load_spec(spec_path)
-    # Import user factories once here, so a bad reference is a bad-input error (exit 2)
-    # before any trial starts, not a failed trial later.
-    for field, ref in (
-        ("model.name", spec.model.name),
-        ("data.name", spec.data.name),
-        ("loss", spec.loss),
-        ("optimizer.name", spec.optimizer.name),
-    ):
-        if ":" in ref:
-            resolve_reference(ref, spec.source_dir(), field=field)
+    # A bad reference is a bad-input error (exit 2) before any trial starts, not a failed
+    # trial later. The user's modules are imported in a child process, never in this one.
+    check_references(spec)
     return spec
 
 
@@ -161,8 +154,13 @@ def _summary(doc: dict[str, Any]) -> str:
     a = best.get("samples_per_s")
     if b and a:
         ci = doc.get("speedup_ci")
-        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({final.get('n_pairs')} pairs, {final.get('verdict')})" if ci else ""
+        pairs = best.get("n_pairs", final.get("n_pairs"))
+        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({pairs} pairs)" if ci else ""
         lines.append(f"throughput: {b:,.1f} -> {a:,.1f} samples/s; speedup {doc.get('speedup') or 1:.3f}x{ci_text}")
+    if final.get("verdict") and final.get("verdict") != "unchanged":
+        lines.append(f"final check: {final['verdict']}: {final.get('reason')}")
+    if best.get("source"):
+        lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
     kept = [d for d in doc["decisions"] if d["kept"]]
     if kept:
         lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
@@ -227,7 +225,7 @@ def cmd_search(args) -> int:
             # The trial in flight was stopped by the runner; everything finished is in the store.
             from trainopt.results import build_results
 
-            _write_all(folder.path, build_results(search, complete=False), resolved)
+            _write_all(folder.path, build_results(search.state, complete=False), resolved)
             print(
                 f"\ntrainopt: interrupted; {search.ran} trial(s) finished this time are saved. "
                 f"Run the same command again to resume.",
@@ -312,25 +310,19 @@ def _on_sigterm(signum, frame):
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
     from trainopt.errors import UserError
-    from trainopt.protocol import SchemaVersionError
-    from trainopt.spec import SpecError
 
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
-    except SpecError as exc:
-        print(f"trainopt: error: {exc.render()}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SchemaVersionError as exc:
-        return _fail(str(exc))
+    except UserError as exc:
+        # Every problem the user can fix (spec, references, files, folders) is one family.
+        return _fail(exc.render())
     except KeyboardInterrupt:
         print("\ntrainopt: interrupted", file=sys.stderr)
         return 130
     except Terminated:
         print("\ntrainopt: terminated", file=sys.stderr)
         return 143
-    except UserError as exc:
-        return _fail(str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)

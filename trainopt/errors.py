@@ -1,7 +1,11 @@
 """The one base class for problems a user can fix (bad spec, bad file, busy folder).
 
-The CLI answers any ``UserError`` with its message and exit code 2, never a traceback;
-anything else is a bug in trainopt and keeps its traceback.
+The CLI answers any ``UserError`` with ``render()`` and exit code 2, never a traceback;
+anything else is a bug in trainopt and keeps its traceback. Every module's own user
+error subclasses it: ``SpecError`` (spec.py), ``WorkloadError`` (reference.py),
+``ResultsError`` (results.py), ``SpecChangedError`` (store.py), ``OutputFolderError``
+(workspace.py), ``SchemaVersionError`` (protocol.py), ``SettingsError`` (settings.py),
+``ExportError`` (export.py).
 """
 
 __all__ = ["UserError"]
@@ -9,3 +13,7 @@ __all__ = ["UserError"]
 
 class UserError(Exception):
     """A problem the user can fix; its message names what is wrong and how to fix it."""
+
+    def render(self) -> str:
+        """The text shown to the user (one line, or one line per problem)."""
+        return str(self)

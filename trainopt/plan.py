@@ -14,7 +14,15 @@ from typing import Any, Mapping, Sequence
 
 from trainopt import knobs
 
-__all__ = ["INPUT_BOUND_THRESHOLD", "diagnose", "knob_order", "candidates", "settings_hash", "with_knob"]
+__all__ = [
+    "INPUT_BOUND_THRESHOLD",
+    "diagnose",
+    "knob_order",
+    "candidates",
+    "settings_hash",
+    "with_knob",
+    "remaining_trials",
+]
 
 # Above this share of step time spent waiting for the loader, training is input-bound.
 INPUT_BOUND_THRESHOLD = 0.25
@@ -70,3 +78,25 @@ def candidates(incumbent: Mapping[str, Any], name: str, values: Sequence[Any]) -
 def settings_hash(settings: Mapping[str, Any]) -> str:
     """A short, stable content hash of a settings dict (trial identity)."""
     return hashlib.sha256(json.dumps(dict(settings), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# Memory probes a batch-size stage usually takes (growth by doubling, then bisection).
+TYPICAL_BATCH_PROBES = 8
+
+
+def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], pairs: int, batch_candidates: int) -> int:
+    """A rough count of the trials left, for the ETA: screens and one confirmation per knob, and the final check.
+
+    Args:
+        knob_names: The knobs not decided yet.
+        search: The spec's search section (knob -> candidates).
+        pairs: Pairs per confirmation.
+        batch_candidates: Throughput candidates of the batch-size stage.
+    """
+    remaining = 0
+    for name in knob_names:
+        if name == "batch_size":
+            remaining += TYPICAL_BATCH_PROBES + batch_candidates + 2 * pairs
+        else:
+            remaining += 1 + len(search[name]) + 2 * pairs
+    return remaining + 2 * pairs

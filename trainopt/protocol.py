@@ -12,10 +12,10 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trainopt.errors import UserError
 
 __all__ = [
     "SCHEMA_VERSION",
-    "STATUSES",
     "FAILED_STATUSES",
     "TrialRequest",
     "TrialResult",
@@ -27,12 +27,12 @@ SCHEMA_VERSION = 1
 # ok: measured; oom: allocator ran out of memory; timeout: killed at the time limit;
 # crashed: died by a signal or exit code without a result; nonfinite: NaN/inf loss;
 # error: an exception (usually in user code); not_applicable: a knob cannot apply here.
-STATUSES = ("ok", "oom", "timeout", "crashed", "nonfinite", "error", "not_applicable")
+# The failed ones:
 FAILED_STATUSES = ("oom", "timeout", "crashed", "nonfinite", "error")
 
 
-class SchemaVersionError(ValueError):
-    """A JSON document written by an incompatible schema version."""
+class SchemaVersionError(UserError, ValueError):
+    """A JSON document written by an incompatible schema version (re-run with this trainopt)."""
 
 
 def _check_version(data: dict, what: str) -> None:
@@ -54,7 +54,10 @@ class TrialRequest:
         mode: ``measure`` (warm-up and timed windows) or ``probe`` (one full training
             step, to learn whether a batch fits in memory).
         result_path: Where the trial process writes its ``TrialResult``.
-        memory_gb: Memory cap for the trial (address space on a CPU, the allocator on CUDA), or None.
+        memory_gb: Memory limit for the trial, or None: on a CPU an address-space cap
+            (RLIMIT_AS) on the trial process; on CUDA the device allocator's limit
+            (``torch.cuda.set_per_process_memory_fraction``), since an address-space cap
+            breaks the CUDA driver. Each rank of a data-parallel trial is capped alike.
         trial_id: Identifier used in logs.
     """
 

@@ -13,8 +13,13 @@ Schema (``schema_version`` 1)::
     diagnosis: {bottleneck: input|compute|unknown, data_wait_fraction, text}
     search_order: [knob, ...]
     baseline: {settings, samples_per_s, step_time_s, data_wait_fraction, peak_memory_bytes}
-    best: {settings, samples_per_s}
-    speedup, speedup_ci: [low, high] | null, final: {verdict, reason, n_pairs, ...}
+    best: {settings, samples_per_s, source, reason, n_pairs}
+                                 # the recommended settings: source is final-check,
+                                 # first-kept-change or baseline (see trainopt/recommendation.py)
+    speedup, speedup_ci: [low, high] | null   # of best against the baseline (null while partial
+                                 # and nothing is confirmed)
+    final: {verdict, reason, n_pairs, speedup, ci, samples_per_s, baseline_samples_per_s}
+                                 # the final check of the final settings, whatever its verdict
     decisions: [{knob, stage, from, to, verdict, reason, speedup, ci, n_pairs, screen_speedup,
                  before_samples_per_s, after_samples_per_s, before_peak_memory_bytes,
                  after_peak_memory_bytes, kept, extra}]
@@ -40,8 +45,9 @@ import yaml
 
 from trainopt import __version__
 from trainopt.atomic import write_json_atomic, write_text_atomic
-
 from trainopt.errors import UserError
+from trainopt.recommendation import recommend
+from trainopt.state import SearchState, TrialRecord
 
 __all__ = [
     "RESULTS_SCHEMA_VERSION",
@@ -63,8 +69,8 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def _trial_row(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    r = t["result"]
+def _trial_row(t: TrialRecord, out_dir: Path) -> dict[str, Any]:
+    r = t.result
     log = r.log_path
     if log:
         try:
@@ -72,13 +78,13 @@ def _trial_row(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         except ValueError:
             pass
     return {
-        "id": t["id"],
-        "key": t["key"],
-        "stage": t["stage"],
-        "knob": t["knob"],
-        "role": t["role"],
-        "tag": t["tag"],
-        "mode": t["mode"],
+        "id": t.id,
+        "key": t.key,
+        "stage": t.stage,
+        "knob": t.knob,
+        "role": t.role,
+        "tag": t.tag,
+        "mode": t.mode,
         "settings": r.settings,
         "status": r.status,
         "samples_per_s": r.samples_per_s,
@@ -96,24 +102,18 @@ def _trial_row(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     }
 
 
-def build_results(search: Any, complete: bool) -> dict[str, Any]:
-    """The results document for the current state of a search (partial or complete)."""
-    base = search.baseline
-    final = search.final or {}
-    best_settings = final.get("settings") or (base.settings if base else search.spec.baseline)
-    kept = [d for d in search.decisions if d.kept]
-    if not final and base is not None:
-        # Partial results: the incumbent so far is the last kept change.
-        best_settings = dict(base.settings)
-        for d in kept:
-            best_settings[d.knob] = d.to_value
-            if "grad_accum" in d.extra:
-                best_settings["grad_accum"] = d.extra["grad_accum"]
-    missing = [k for k in (search.order or list(search.spec.search)) if k not in search.done_knobs]
+def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
+    """The results document for a search's state (partial or complete)."""
+    base = state.baseline
+    final = state.final or {}
+    rec = recommend(
+        base.settings if base else state.baseline_settings, base.samples_per_s if base else None, state.decisions, final
+    )
+    missing = [k for k in (state.order or state.planned_knobs) if k not in state.done_knobs]
     if not complete and not final:
         missing.append("final check")
     decisions = []
-    for d in search.decisions:
+    for d in state.decisions:
         row = d.to_dict()
         row["from"] = row.pop("from_value")
         row["to"] = row.pop("to_value")
@@ -122,15 +122,15 @@ def build_results(search: Any, complete: bool) -> dict[str, Any]:
         "kind": "trainopt-results",
         "schema_version": RESULTS_SCHEMA_VERSION,
         "trainopt_version": __version__,
-        "name": search.spec.name,
-        "spec_fingerprint": search.spec.fingerprint(),
+        "name": state.name,
+        "spec_fingerprint": state.spec_fingerprint,
         "complete": complete,
         "missing": [] if complete else missing,
-        "started_at": dt.datetime.fromtimestamp(search.started).astimezone().isoformat(timespec="seconds"),
+        "started_at": dt.datetime.fromtimestamp(state.started).astimezone().isoformat(timespec="seconds"),
         "updated_at": _now(),
-        "elapsed_s": time.time() - search.started,
-        "diagnosis": search.diagnosis,
-        "search_order": search.order,
+        "elapsed_s": time.time() - state.started,
+        "diagnosis": state.diagnosis,
+        "search_order": state.order,
         "baseline": None
         if base is None
         else {
@@ -142,27 +142,48 @@ def build_results(search: Any, complete: bool) -> dict[str, Any]:
             "peak_memory_bytes": base.peak_memory_bytes,
             "error": base.error,
         },
-        "best": {"settings": best_settings, "samples_per_s": final.get("samples_per_s")},
-        "speedup": final.get("speedup"),
-        "speedup_ci": final.get("ci"),
+        "best": {
+            "settings": rec.settings,
+            "samples_per_s": rec.samples_per_s,
+            "source": rec.source,
+            "reason": rec.reason,
+            "n_pairs": rec.n_pairs,
+        },
+        "speedup": rec.speedup,
+        "speedup_ci": rec.ci,
         "final": {k: v for k, v in final.items() if k != "settings"},
         "decisions": decisions,
-        "trials": [_trial_row(t, search.out_dir) for t in search.trials],
-        "batch_size": search.batch_info,
+        "trials": [_trial_row(t, state.out_dir) for t in state.trials],
+        "batch_size": state.batch_info,
         "env": base.env if base else {},
-        "measure": search.spec.measure.model_dump(mode="json"),
-        "counts": {"trials_run": search.ran, "trials_reused": search.reused},
+        "measure": state.measure,
+        "counts": {"trials_run": state.ran, "trials_reused": state.reused},
     }
 
 
+def _recommended_changes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kept decisions whose changes are in the recommended settings."""
+    kept = [d for d in doc["decisions"] if d["kept"]]
+    source = (doc.get("best") or {}).get("source")
+    if source == "first-kept-change":
+        return kept[:1]
+    if source == "baseline":
+        return []
+    return kept  # final-check, or a results file written before ``source`` existed
+
+
 def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[str, Any]:
-    """The ``best.yaml`` content: winning settings plus where and how they were measured."""
+    """The ``best.yaml`` content: the recommended settings plus where and how they were measured."""
     final = doc.get("final") or {}
+    best = doc["best"]
+    baseline = doc.get("baseline") or {}
+    changes = _recommended_changes(doc)
+    batch_changed = (baseline.get("settings") or {}).get("batch_size") not in (None, best["settings"].get("batch_size"))
     return {
         "schema_version": 1,
         "kind": "trainopt-settings",
         "device": spec_resolved.get("device", "auto"),
-        "settings": doc["best"]["settings"],
+        "settings": best["settings"],
         # Only for data-parallel searches, so single-process best.yaml files stay as they were.
         **({"distributed": spec_resolved["distributed"]} if spec_resolved.get("distributed") else {}),
         "provenance": {
@@ -170,17 +191,18 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
             "measured_at": doc["updated_at"],
             "trainopt_version": doc["trainopt_version"],
             "complete": doc["complete"],
-            "samples_per_s": doc["best"].get("samples_per_s"),
-            "baseline_samples_per_s": final.get("baseline_samples_per_s") or (doc.get("baseline") or {}).get("samples_per_s"),
+            "settings_source": best.get("source"),
+            "settings_reason": best.get("reason"),
+            "samples_per_s": best.get("samples_per_s"),
+            "baseline_samples_per_s": final.get("baseline_samples_per_s") or baseline.get("samples_per_s"),
             "speedup": doc.get("speedup"),
             "speedup_ci": doc.get("speedup_ci"),
             "verdict": final.get("verdict"),
             "kept": [
                 {"knob": d["knob"], "from": d["from"], "to": d["to"], "speedup": d["speedup"], "ci": d["ci"], "n_pairs": d["n_pairs"]}
-                for d in doc["decisions"]
-                if d["kept"]
+                for d in changes
             ],
-            "lr_hint": (doc.get("batch_size") or {}).get("lr_hint"),
+            "lr_hint": (doc.get("batch_size") or {}).get("lr_hint") if batch_changed else None,
             "env": doc.get("env", {}),
         },
     }

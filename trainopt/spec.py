@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from trainopt import distributed as dist_mod
 from trainopt import knobs
+from trainopt.errors import UserError
 
 __all__ = [
     "Spec",
@@ -40,7 +41,7 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _REF_RE = re.compile(r"^[^\s:]+:[A-Za-z_][A-Za-z0-9_.]*$")
 
 
-class SpecError(Exception):
+class SpecError(UserError):
     """A spec that cannot be used; ``problems`` lists one line per bad field."""
 
     def __init__(self, problems: list[str], source: str | None = None):
@@ -123,6 +124,16 @@ class MeasureSection(_Strict):
 
 
 class LimitsSection(_Strict):
+    """Limits every trial keeps to.
+
+    Attributes:
+        memory_gb: Memory cap per trial. On a CPU the trial process gets an address-space
+            cap (RLIMIT_AS); on CUDA the device allocator gets the limit
+            (``torch.cuda.set_per_process_memory_fraction``), since an address-space cap
+            makes the CUDA driver fail. Either way a batch too large fails as out-of-memory.
+        effective_batch: When set, ``batch_size x grad_accum`` is kept equal to it.
+    """
+
     memory_gb: float | None = Field(None, gt=0, le=1_000_000)
     effective_batch: int | None = Field(None, ge=1, le=1_000_000_000)
 
@@ -320,26 +331,55 @@ def spec_from_dict(data: Any, source: str | None = None, source_dir: Path | None
     return spec
 
 
+def _divisor_fix(eff: int, batch_size: int, field: str) -> str:
+    if eff % batch_size == 0:
+        return f"set {field} to {eff // batch_size} (= {eff} / batch_size {batch_size})"
+    divisors = [d for d in range(1, min(eff, 4096) + 1) if eff % d == 0]
+    shown = ", ".join(str(d) for d in divisors[:12]) + (", ..." if len(divisors) > 12 else "")
+    return f"batch_size {batch_size} does not divide {eff}; use a batch_size that does ({shown})"
+
+
 def _cross_checks(spec: Spec) -> list[str]:
+    """Rules between fields: the effective batch against the baseline and the search."""
     problems = []
     eff = spec.limits.effective_batch
+    b = spec.baseline
     if eff is not None:
-        b = spec.baseline
         world = spec.world_size
+        ranks = f" x {world} ranks" if spec.distributed else ""
         product = dist_mod.effective_batch(b, world)
         if product != eff:
-            ranks = f" x {world} ranks" if spec.distributed else ""
+            if eff % world:
+                fix = f"with {world} ranks, use a limits.effective_batch that is a multiple of {world}"
+            else:
+                fix = _divisor_fix(eff // world, b["batch_size"], "baseline.grad_accum")
+                if world > 1:
+                    fix += f" (per rank: limits.effective_batch {eff} / {world} ranks = {eff // world})"
             problems.append(
                 f"baseline: batch_size {b['batch_size']} x grad_accum {b['grad_accum']}{ranks} = "
-                f"{product}, but limits.effective_batch is {eff}; make them agree"
+                f"{product}, but limits.effective_batch is {eff}; " + fix
             )
-    reason = knobs.distributed_reason(spec.baseline, spec.world_size if spec.distributed else None)
+        values = spec.search.get("grad_accum")
+        if values is not None:
+            # The search changes one knob at a time, so a grad_accum candidate runs with the
+            # incumbent's batch_size; only the value that already makes up the effective
+            # batch keeps batch_size x grad_accum == effective_batch, and that one is no change.
+            bad = [v for v in values if b["batch_size"] * v * world != eff]
+            if bad:
+                problems.append(
+                    f"search.grad_accum: got {_fmt_value(values)}; with limits.effective_batch {eff}, "
+                    f"grad_accum follows batch_size (grad_accum = {eff} / batch_size{ranks}), so "
+                    f"{', '.join(str(v) for v in bad)} would give batch_size {b['batch_size']} x grad_accum{ranks} != {eff}; "
+                    f"remove search.grad_accum (the batch_size stage sets grad_accum with each batch size) "
+                    f"or remove limits.effective_batch"
+                )
+    reason = knobs.distributed_reason(b, spec.world_size if spec.distributed else None)
     if reason:
         problems.append(f"baseline: {reason}")
     bs = spec.search.get("batch_size")
-    if bs is not None and bs.max < spec.baseline["batch_size"]:
+    if bs is not None and bs.max < b["batch_size"]:
         problems.append(
-            f"search.batch_size.max: got {bs.max}; must be at least baseline.batch_size ({spec.baseline['batch_size']})"
+            f"search.batch_size.max: got {bs.max}; must be at least baseline.batch_size ({b['batch_size']})"
         )
     return problems
 

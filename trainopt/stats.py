@@ -211,10 +211,20 @@ def paired_interval(
 def verdict(interval: PairedInterval, min_speedup: float) -> str:
     """Turn an interval into a decision.
 
-    ``improved`` iff the lower bound exceeds ``1 + min_speedup``; ``regressed`` iff the
-    upper bound is below 1; ``equivalent`` iff the whole interval lies within
-    ``±min_speedup``; otherwise ``inconclusive`` -- also whenever the interval's achieved
-    coverage is below its nominal confidence.
+    The rules are checked in this order, and the first that holds decides:
+
+    1. ``inconclusive`` whenever the interval's achieved coverage is below its nominal
+       confidence (too few pairs for a rank interval to reach it).
+    2. ``improved`` iff the lower bound exceeds ``1 + min_speedup``.
+    3. ``equivalent`` iff the whole interval lies within ``[1 - min_speedup, 1 + min_speedup]``.
+    4. ``regressed`` iff the upper bound is below 1.
+    5. otherwise ``inconclusive``.
+
+    ``equivalent`` comes before ``regressed`` on purpose: ``min_speedup`` is the smallest
+    change that matters, in either direction, so an interval such as [0.975, 0.995] is a
+    real but immaterial slowdown, and is called ``equivalent`` as the README promises.
+    ``regressed`` therefore means "slower, and possibly by more than ``min_speedup``".
+    The two rules never disagree on adoption: neither is adopted.
     """
     if interval.coverage < interval.confidence - 1e-9:
         # Too few pairs for a rank interval to reach the asked confidence (e.g. 4 pairs give
@@ -222,10 +232,10 @@ def verdict(interval: PairedInterval, min_speedup: float) -> str:
         return "inconclusive"
     if interval.low > 1.0 + min_speedup:
         return "improved"
-    if interval.high < 1.0:
-        return "regressed"
     if interval.low >= 1.0 - min_speedup and interval.high <= 1.0 + min_speedup:
         return "equivalent"
+    if interval.high < 1.0:
+        return "regressed"
     return "inconclusive"
 
 

@@ -70,8 +70,26 @@ def test_search_writes_every_output_and_a_loadable_best_yaml(tmp_path, cli_env):
         assert (out / name).exists(), name
     doc = json.loads((out / "results.json").read_text())
     assert doc["schema_version"] == 1 and doc["complete"]
-    for key in ("baseline", "best", "speedup", "speedup_ci", "decisions", "trials", "batch_size", "env"):
-        assert key in doc
+    resolved = yaml.safe_load((out / "spec.resolved.yaml").read_text())
+    assert doc["baseline"]["status"] == "ok" and doc["baseline"]["settings"] == resolved["baseline"]
+    assert doc["baseline"]["samples_per_s"] > 0
+    assert doc["env"]["device_type"] == "cpu"
+    # A knob that cannot apply is recorded as a trial without running one.
+    ran = [t for t in doc["trials"] if t["status"] != "not_applicable"]
+    assert doc["counts"] == {"trials_run": len(ran), "trials_reused": 0}
+    from trainopt.plan import knob_order
+
+    assert doc["search_order"] == knob_order(SEARCH, "guide", doc["diagnosis"]["bottleneck"])
+    # Only settings the final check confirmed are recommended; otherwise an earlier confirmed one or the baseline.
+    source = doc["best"]["source"]
+    if doc["final"]["verdict"] == "improved":
+        assert source == "final-check" and doc["speedup"] == doc["final"]["speedup"]
+        assert doc["speedup_ci"] == doc["final"]["ci"]
+    else:
+        assert source in ("first-kept-change", "baseline")
+    if source == "baseline":
+        assert doc["best"]["settings"] == resolved["baseline"] and doc["speedup"] == 1.0
+    assert f"recommended (best.yaml): {source}:" in proc.stdout
     assert doc["batch_size"]["probes"] and doc["batch_size"]["max_fitting"] == 32
     pin = [d for d in doc["decisions"] if d["knob"] == "pin_memory"]
     assert pin and pin[0]["verdict"] == "not_applicable"

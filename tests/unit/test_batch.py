@@ -36,15 +36,45 @@ def test_nothing_fits():
     assert s.largest_fitting is None and s.safe_maximum is None
 
 
-@pytest.mark.parametrize("limit", [9, 33, 100, 257, 777, 1000])
-def test_bisection_ends_within_tolerance(limit):
-    s = BatchSizeSearch(start=8, maximum=4096, margin=0.0)
+@pytest.mark.parametrize(
+    "start,limit,sequence,largest",
+    [
+        # Below 8 every integer is a probe size, and the edge is found exactly.
+        (1, 5, [1, 2, 4, 8, 6, 5], 5),
+        (6, 7, [6, 12, 8, 7], 7),
+        # From 8 on, bisection probes are multiples of 8 (never 9, 17, ...), nearest the midpoint.
+        (9, 16, [9, 18, 16], 16),
+        (9, 12, [9, 18, 16], 9),
+        (3, 3, [3, 6, 4], 3),
+    ],
+)
+def test_small_sizes_exact_sequences(start, limit, sequence, largest):
+    s = BatchSizeSearch(start=start, maximum=1024, margin=0.0)
+    assert run(s, limit) == sequence
+    assert s.largest_fitting == largest
+
+
+def _probe_sizes_between(low, high, multiple=8):
+    return [n for n in range(low + 1, high) if n < multiple or n % multiple == 0]
+
+
+@pytest.mark.parametrize("start", [1, 3, 8, 9, 13])
+@pytest.mark.parametrize("limit", [1, 2, 5, 7, 9, 15, 33, 100, 257, 777, 1000])
+def test_bisection_ends_at_the_stated_rule(start, limit):
+    # The rule the README states: within 5 % of the edge, or no probe size left between
+    # the largest fitting and the smallest failing size.
+    s = BatchSizeSearch(start=start, maximum=4096, margin=0.0)
     run(s, limit)
     fit = s.largest_fitting
     fails = [p.size for p in s.probes if not p.fits]
-    assert fit <= limit
-    assert min(fails) - fit <= max(0.05 * fit, 8)
+    if fit is None:
+        assert limit < 1
+        return
+    assert fit <= limit < min(fails)
+    gap = min(fails) - fit
+    assert gap <= 0.05 * fit or _probe_sizes_between(fit, min(fails)) == []
     assert len(s.probes) < 20
+    assert len({p.size for p in s.probes}) == len(s.probes), "no size is probed twice"
 
 
 def test_throughput_candidates():

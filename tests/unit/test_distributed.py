@@ -51,8 +51,15 @@ def test_bad_distributed_block_names_field_value_and_allowed(block, expected):
 def test_effective_batch_counts_every_rank():
     problems = _problems(distributed={"nproc_per_node": 2}, limits={"effective_batch": 16})
     assert problems == [
-        "baseline: batch_size 16 x grad_accum 1 x 2 ranks = 32, but limits.effective_batch is 16; make them agree"
+        "baseline: batch_size 16 x grad_accum 1 x 2 ranks = 32, but limits.effective_batch is 16; batch_size 16 "
+        "does not divide 8; use a batch_size that does (1, 2, 4, 8) (per rank: limits.effective_batch 16 / 2 ranks = 8)"
     ]
+    fixable = _problems(distributed={"nproc_per_node": 2}, limits={"effective_batch": 64})
+    assert "set baseline.grad_accum to 2" in fixable[0]
+    odd = _problems(distributed={"nproc_per_node": 2}, limits={"effective_batch": 33})
+    assert "use a limits.effective_batch that is a multiple of 2" in odd[0]
+    grad = _problems(distributed={"nproc_per_node": 2}, limits={"effective_batch": 32}, search={"grad_accum": [1, 2]})
+    assert grad[0].startswith("search.grad_accum: got [1, 2]") and "2 would give batch_size 16 x grad_accum x 2 ranks != 32" in grad[0]
     spec = spec_from_dict(tiny_spec_dict(distributed={"nproc_per_node": 2}, limits={"effective_batch": 32}))
     assert distributed.effective_batch(spec.baseline, spec.world_size) == 32
 

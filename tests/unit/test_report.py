@@ -412,3 +412,24 @@ def test_report_command_on_partial_results_warns(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "partial results (missing: amp, final check)" in err
     assert "Partial results" in (folder / "report.html").read_text(encoding="utf-8")
+
+
+def test_the_summary_says_which_confirmation_backs_the_recommended_settings(tmp_path):
+    doc = tiny_doc()
+    doc["final"].update(verdict="regressed", reason="0.800x [0.700, 0.900] over 6 pairs")
+    doc["best"].update(source="first-kept-change", reason="these are the last settings confirmed against the baseline: amp off -> bf16", n_pairs=4)
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    recommended = re.search(r'<p id="recommended">(.*?)</p>', html, re.S).group(1)
+    assert "the baseline plus the first kept change only" in recommended
+    assert "amp off -&gt; bf16" in recommended
+    assert "over 4 pairs" in html
+    # The speedup card shows the recommended settings' figure, so not the final check's verdict.
+    card = re.search(r'Overall speedup</div>(.*?)</div>\s*</div>', html, re.S).group(1)
+    assert "regressed" not in card
+
+
+def test_a_results_file_without_a_recommendation_source_still_renders(tmp_path):
+    doc = tiny_doc()
+    assert "source" not in doc["best"]
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert 'id="recommended"' not in html

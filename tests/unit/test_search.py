@@ -24,7 +24,11 @@ from trainopt.store import SpecChangedError, TrialStore
 class FakeRunner:
     """Throughput = base x effects(settings) x lognormal noise; OOM above ``fits_up_to``."""
 
-    def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0):
+    def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0, final_factor=1.0):
+        # final_factor scales the candidate's runs in the final check only: the combined
+        # settings measured slower (or faster) against the baseline than the chain of
+        # single-knob confirmations suggested.
+        self.final_factor = final_factor
         self.effects = effects or {}
         self.fits_up_to = fits_up_to
         self.noise = noise
@@ -48,6 +52,8 @@ class FakeRunner:
         for (knob, value), factor in self.effects.items():
             if s.get(knob) == value:
                 speed *= factor
+        if request.trial_id.startswith("confirm/final/") and "/candidate/" in request.trial_id:
+            speed *= self.final_factor
         speed *= math.exp(self.rng.gauss(0, self.noise))
         return TrialResult(
             status="ok", settings=s, mode="measure", samples_per_s=speed, windows=[speed] * 4,
@@ -76,6 +82,7 @@ def test_clear_win_is_confirmed_and_adopted_and_a_loss_is_not(tmp_path):
     assert amp["fp16"]["verdict"] == "screened-out" and not amp["fp16"]["kept"]
     assert doc["best"]["settings"]["amp"] == "bf16"
     assert doc["final"]["verdict"] == "improved" and doc["speedup"] == pytest.approx(1.5, rel=0.05)
+    assert doc["best"]["source"] == "final-check"
     assert doc["complete"]
 
 
@@ -177,3 +184,105 @@ def test_a_changed_spec_is_refused_by_the_store(tmp_path):
     with pytest.raises(SpecChangedError, match="--fresh"):
         TrialStore(url, "tiny", "bbbb")
     assert TrialStore(url, "tiny", "bbbb", fresh=True).records() == []
+
+
+def _best_yaml(tmp_path, doc, spec):
+    import yaml
+
+    from trainopt.results import write_outputs
+
+    write_outputs(tmp_path, doc, spec.resolved())
+    return yaml.safe_load((tmp_path / "best.yaml").read_text())
+
+
+def test_a_final_check_that_regresses_falls_back_to_the_first_confirmed_change(tmp_path):
+    # bf16 and one loader worker each confirm, but the combination regresses against the baseline.
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.2}, final_factor=0.5)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    doc = search.run()
+    assert [d["kept"] for d in doc["decisions"]] == [True, True]
+    assert doc["final"]["verdict"] == "regressed"
+    best = doc["best"]
+    assert best["source"] == "first-kept-change"
+    assert best["settings"] == {**spec.baseline, "amp": "bf16"}
+    assert "regressed" in best["reason"] and "amp off -> bf16" in best["reason"]
+    amp = by_knob(doc, "amp")[0]
+    assert doc["speedup"] == amp["speedup"] and doc["speedup_ci"] == amp["ci"]
+    written = _best_yaml(tmp_path, doc, spec)
+    assert written["settings"] == best["settings"]
+    assert written["provenance"]["settings_source"] == "first-kept-change"
+    assert [k["knob"] for k in written["provenance"]["kept"]] == ["amp"]
+
+
+@pytest.mark.parametrize("final_factor,verdict", [(0.5, "regressed"), (1 / 1.5, "equivalent")])
+def test_a_final_check_that_does_not_confirm_the_only_change_keeps_the_baseline(tmp_path, final_factor, verdict):
+    runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=final_factor, noise=0.005)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    doc = search.run()
+    assert by_knob(doc, "amp")[0]["kept"]
+    assert doc["final"]["verdict"] == verdict
+    assert doc["best"]["source"] == "baseline"
+    assert doc["best"]["settings"] == spec.baseline
+    assert doc["speedup"] == 1.0 and doc["speedup_ci"] is None
+    assert doc["best"]["samples_per_s"] == doc["baseline"]["samples_per_s"]
+    written = _best_yaml(tmp_path, doc, spec)
+    assert written["settings"]["amp"] == "off"
+    assert written["provenance"]["settings_source"] == "baseline"
+    assert written["provenance"]["kept"] == []
+    from trainopt.export import render_export
+
+    assert "bfloat16" not in render_export(tmp_path, "torch")
+
+
+def test_a_failed_final_trial_keeps_the_baseline(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5})
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    original = runner.run
+
+    def crash_in_final(request, log_path, timeout_s):
+        if request.trial_id.startswith("confirm/final/") and request.settings["amp"] == "bf16":
+            return TrialResult(status="crashed", settings=request.settings, error="fake crash", env={"device_type": "cpu"})
+        return original(request, log_path, timeout_s)
+
+    runner.run = crash_in_final
+    doc = search.run()
+    assert doc["final"]["verdict"] == "crashed"
+    assert doc["best"]["source"] == "baseline" and doc["best"]["settings"]["amp"] == "off"
+
+
+def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path):
+    from trainopt.cli import _summary
+
+    runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=0.5)
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    text = _summary(search.run())
+    assert "recommended (best.yaml): baseline: the final check of the combined settings said regressed" in text
+    assert "final check: regressed:" in text
+
+
+def test_the_results_document_is_made_from_a_plain_state(tmp_path):
+    from trainopt.decision import Decision
+    from trainopt.results import build_results
+    from trainopt.state import SearchState, TrialRecord
+
+    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}), "t.yaml", tmp_path)
+    state = SearchState.for_spec(spec, tmp_path)
+    base = TrialResult(status="ok", settings=dict(spec.baseline), samples_per_s=100.0, step_time_s=0.16,
+                       data_wait_fraction=0.1, peak_memory_bytes=2048, env={"device_type": "cpu"},
+                       log_path=str(tmp_path / "logs" / "0000-baseline-baseline.log"))
+    state.baseline = base
+    state.trials.append(TrialRecord(id=0, key="baseline/baseline/0/x", stage="baseline", knob="baseline", role="baseline",
+                                    tag="0", mode="measure", result=base))
+    state.order, state.done_knobs, state.ran, state.reused = ["amp"], [], 1, 0
+    state.decisions.append(Decision(knob="amp", stage="precision", from_value="off", to_value="bf16", verdict="improved",
+                                    kept=True, speedup=1.4, ci=[1.3, 1.5], n_pairs=6, after_samples_per_s=140.0))
+    doc = build_results(state, complete=False)
+    assert doc["name"] == "tiny" and doc["spec_fingerprint"] == spec.fingerprint()
+    assert doc["missing"] == ["amp", "final check"] and doc["complete"] is False
+    assert doc["baseline"]["samples_per_s"] == 100.0 and doc["baseline"]["peak_memory_bytes"] == 2048
+    assert doc["best"]["settings"] == {**spec.baseline, "amp": "bf16"} and doc["best"]["source"] == "first-kept-change"
+    assert (doc["speedup"], doc["speedup_ci"], doc["best"]["samples_per_s"]) == (1.4, [1.3, 1.5], 140.0)
+    assert doc["decisions"][0]["from"] == "off" and doc["decisions"][0]["to"] == "bf16"
+    assert doc["trials"][0]["log"] == "logs/0000-baseline-baseline.log"
+    assert doc["counts"] == {"trials_run": 1, "trials_reused": 0}
+    assert doc["measure"] == spec.measure.model_dump(mode="json")

@@ -80,7 +80,31 @@ def test_yaml_off_is_read_as_the_string_off():
 
 def test_effective_batch_must_match_the_baseline():
     found = problems(tiny_spec_dict(limits={"effective_batch": 64}))
-    assert any("limits.effective_batch is 64" in p for p in found)
+    assert found == [
+        "baseline: batch_size 16 x grad_accum 1 = 16, but limits.effective_batch is 64; "
+        "set baseline.grad_accum to 4 (= 64 / batch_size 16)"
+    ]
+
+
+def test_effective_batch_that_the_baseline_batch_cannot_divide_names_the_divisors():
+    (found,) = problems(tiny_spec_dict(limits={"effective_batch": 20}, baseline={"batch_size": 16, "grad_accum": 1}))
+    assert found.startswith("baseline: batch_size 16 x grad_accum 1 = 16, but limits.effective_batch is 20; ")
+    assert found.endswith("batch_size 16 does not divide 20; use a batch_size that does (1, 2, 4, 5, 10, 20)")
+
+
+def test_searched_grad_accum_must_keep_the_effective_batch():
+    data = tiny_spec_dict(
+        limits={"effective_batch": 64}, baseline={"batch_size": 16, "grad_accum": 4}, search={"grad_accum": [1, 2, 4]}
+    )
+    (found,) = problems(data)
+    assert found.startswith("search.grad_accum: got [1, 2, 4]; with limits.effective_batch 64")
+    assert "1, 2 would give batch_size 16 x grad_accum != 64" in found
+    assert "remove search.grad_accum" in found
+
+
+def test_searched_grad_accum_without_effective_batch_is_fine():
+    spec = spec_from_dict(tiny_spec_dict(search={"grad_accum": [1, 2, 4]}), "s.yaml")
+    assert spec.search["grad_accum"] == [1, 2, 4]
 
 
 @pytest.mark.parametrize(

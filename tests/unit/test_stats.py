@@ -51,6 +51,12 @@ def test_interval_is_symmetric_under_swapping_roles():
         (1.05, 1.2, "improved"),
         (0.8, 0.99, "regressed"),
         (0.98, 1.02, "equivalent"),
+        # A slowdown within min_speedup is immaterial: equivalent, not regressed.
+        (0.975, 0.995, "equivalent"),
+        (0.97, 0.999, "equivalent"),
+        # Slower and possibly by more than min_speedup: regressed.
+        (0.95, 0.995, "regressed"),
+        (0.90, 0.96, "regressed"),
         (0.99, 1.10, "inconclusive"),
         (1.01, 1.04, "inconclusive"),
     ],

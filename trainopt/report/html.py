@@ -350,6 +350,14 @@ def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str
     return text, snippet, None
 
 
+# How the report names where the recommended settings come from (results.json best.source).
+SOURCE_TEXTS = {
+    "final-check": "the final settings, confirmed by the final check",
+    "first-kept-change": "the baseline plus the first kept change only: the last settings confirmed against the baseline",
+    "baseline": "the baseline settings: nothing else was confirmed against the baseline",
+}
+
+
 def _summary(doc: dict[str, Any]) -> dict[str, Any]:
     final = doc.get("final") or {}
     baseline = doc.get("baseline") or {}
@@ -366,6 +374,7 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
             product *= _num(d.get("speedup")) or 1.0
         estimate = product
     counts = doc.get("counts") or {}
+    source = best.get("source")
     return {
         "baseline_rate": fmt_rate(base_rate, unit=False),
         "baseline_note": "median of the final check's baseline runs" if final.get("n_pairs") else "",
@@ -373,8 +382,12 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         "speedup": fmt_speedup(speedup) if speedup is not None else None,
         "gain": (("+" if speedup >= 1 else "") + fmt_percent(speedup - 1.0)) if speedup is not None else None,
         "interval": fmt_interval(doc.get("speedup_ci")),
-        "pairs": final.get("n_pairs") or 0,
-        "verdict": final.get("verdict") or "",
+        "pairs": best.get("n_pairs", final.get("n_pairs")) or 0,
+        # The verdict shown next to the speedup is the final check's only when the speedup is its.
+        "verdict": (final.get("verdict") or "") if source in (None, "final-check") else "",
+        "source": source or "",
+        "source_text": SOURCE_TEXTS.get(source, ""),
+        "source_reason": best.get("reason") or "",
         "final_reason": final.get("reason") or "",
         "estimate": fmt_speedup(estimate) if estimate is not None else None,
         "elapsed": fmt_duration(doc.get("elapsed_s")),
