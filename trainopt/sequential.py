@@ -199,7 +199,7 @@ class SequentialRule:
         growth: float = 1.5,
         final_share: float = 0.6,
         weight: float = 0.0,
-        futility_confidence: float | None = 0.8,
+        futility_confidence: float | None = 0.5,
     ):
         if pairs < 2 or max_pairs < pairs:
             raise ValueError(f"need 2 <= pairs <= max_pairs, got pairs={pairs}, max_pairs={max_pairs}")

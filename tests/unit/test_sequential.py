@@ -126,7 +126,7 @@ def test_aa_false_wins_stay_within_half_alpha_with_no_margin(kind, method):
     # rule is scale-free, so one noise level stands for all of them.
     rng = np.random.default_rng(11)
     rule = SequentialRule(6, 20, 0.95, 0.0, method)
-    reps = 1500
+    reps = 1000
     got = [confirm(rule, draws(rng, kind, 20, 0.2)) for _ in range(reps)]
     assert rate(got) <= upper_limit(0.025, reps)
     assert rate(got, "regressed") <= upper_limit(0.025, reps)
@@ -164,7 +164,7 @@ def test_aa_adoption_per_knob_with_several_confirmed_candidates_stays_within_hal
     # Four null candidates: the screen picks two, each confirmed at alpha / 2; any
     # improved one would be adopted.
     rng = np.random.default_rng(8)
-    reps = 1500
+    reps = 800
     adopted = 0
     for _ in range(reps):
         screen = np.exp(rng.normal(0, 0.09, 4))
