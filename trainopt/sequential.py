@@ -234,14 +234,10 @@ class SequentialRule:
         shares = _shares(ns, final_share, weight)
         for n, share in zip(ns, shares):
             budget = self.alpha * share + carry
-            if self.method == "t":
-                level = budget if n >= 2 else 0.0
-            else:
-                _, level = _exact_rank_level(n, budget)
-            # t looks must also have a rank level for their guarded claims, so both
-            # methods share the rank schedule's feasibility.
-            if self.method == "t" and _exact_rank_level(n, budget)[0] == 0:
-                level = 0.0
+            k, rank_level = _exact_rank_level(n, budget)
+            # A t look spends its whole budget, but only where a rank interval exists
+            # too: its improved/regressed claims need the rank interval to agree.
+            level = (budget if k else 0.0) if self.method == "t" else rank_level
             carry = budget - level
             spent += level
             looks.append(Look(n, level, spent))

@@ -196,3 +196,25 @@ def test_held_out_speedups_of_kept_changes_are_not_inflated():
     assert len(held) > 50
     assert np.mean(deciding) > truth * 1.02
     assert abs(np.mean(held) / truth - 1) < 0.02
+
+
+def test_futility_stops_a_null_change_before_the_budget_without_claiming_a_loss():
+    rng = np.random.default_rng(12)
+    rule = SequentialRule(6, 20, 0.95, 0.03)
+    got = [confirm(rule, rng.normal(-0.05, 0.06, 20)) for _ in range(200)]
+    early = [d for d in got if d.n < 20]
+    assert len(early) > 150
+    assert all(d.verdict != "improved" for d in got)
+    assert any("ruled out" in d.reason for d in early)
+
+
+def test_with_t_intervals_a_win_the_rank_interval_does_not_back_is_not_claimed():
+    # Nine log-ratios of equal size, one negative: the spent t-interval excludes 1, while
+    # the rank interval at the same level does not (a sign pattern this lopsided is far
+    # more likely under symmetric equal-size noise than the t-interval assumes).
+    x = [0.1] * 8 + [-0.1]
+    rule = SequentialRule(6, 20, 0.95, 0.0, "t")
+    look = rule._by_n[9]
+    assert rule.interval_at(x, look.alpha, "t").low > 1.0
+    assert rule.interval_at(x, look.alpha, "hodges-lehmann").low <= 1.0
+    assert rule.decide(x).verdict != "improved"
