@@ -1,0 +1,166 @@
+"""A fake trial and session runner with a known truth, for tests and simulation benchmarks.
+
+Throughput is ``base x effect(settings) x noise``. The effect table says, for each
+``(knob, value)``, the true factor; the noise is seeded and shaped like the machine's:
+
+* a single trial (``run``, a fresh process measured on its own) gets one draw of the
+  per-process noise ``process_sd``;
+* a session (``run_session``) gets one shared draw for the whole session (the machine's
+  load at that moment, which hits every arm alike and cancels in their ratios) and one
+  per-arm draw of ``arm_sd`` (each live process's persistent offset), so the log-ratio of
+  two arms in one session has sd ``arm_sd * sqrt(2)``.
+
+``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
+``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
+(``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainopt.protocol import TrialRequest, TrialResult
+
+try:  # The live-session module defines the real type; until it exists, the agreed shape.
+    from trainopt.session import SessionResult
+except ImportError:  # pragma: no cover - depends on which modules this tree has
+
+    @dataclass
+    class SessionResult:
+        """Stand-in with exactly the fields of the agreed session interface."""
+
+        arms: list[TrialResult]
+        mode: str
+        rounds: int = 0
+        order: list[list[int]] = field(default_factory=list)
+        note: str = ""
+        wall_s: float | None = None
+
+        def ratio(self, a: int, b: int) -> float | None:
+            x, y = self.arms[a], self.arms[b]
+            if not (x.ok and y.ok) or not x.samples_per_s or not y.samples_per_s:
+                return None
+            return x.samples_per_s / y.samples_per_s
+
+
+__all__ = ["FakeRunner", "SessionResult", "noise_draw"]
+
+ENV = {"device_type": "cpu", "device_name": "fake", "torch": "fake"}
+
+
+def noise_draw(rng: random.Random, sd: float, tail: str = "normal") -> float:
+    """One zero-median draw with standard deviation ``sd`` and the given tail shape."""
+    if sd <= 0:
+        return 0.0
+    if tail == "normal":
+        return rng.gauss(0.0, sd)
+    if tail == "t3":
+        # Student t with 3 degrees of freedom has variance 3; scale it to sd.
+        z = rng.gauss(0.0, 1.0)
+        chi2 = sum(rng.gauss(0.0, 1.0) ** 2 for _ in range(3))
+        return sd * z / math.sqrt(chi2 / 3.0) / math.sqrt(3.0)
+    if tail == "contaminated":
+        # Mixture variance 0.9 + 0.1 * 25 = 3.4.
+        wide = 5.0 if rng.random() < 0.1 else 1.0
+        return sd * wide * rng.gauss(0.0, 1.0) / math.sqrt(3.4)
+    raise ValueError(f"unknown tail {tail!r}; use normal, t3 or contaminated")
+
+
+class FakeRunner:
+    """Implements ``Runner.run`` and ``SessionRunner.run_session`` from a truth table.
+
+    Args:
+        effects: ``{(knob, value): factor}``; settings matching several entries multiply.
+        base: Throughput of a configuration with no effect, samples/s.
+        process_sd: Log-scale noise of a single fresh trial (``run``).
+        arm_sd: Log-scale per-arm noise inside a session.
+        session_sd: Log-scale noise shared by all arms of one session.
+        tail: Shape of every noise draw.
+        fits_up_to: Largest batch size that fits in memory.
+        fail: ``{(knob, value): status}``: settings that fail with that status.
+        seed: Seed of the noise.
+    """
+
+    def __init__(
+        self,
+        effects: dict[tuple[str, Any], float] | None = None,
+        *,
+        base: float = 1000.0,
+        process_sd: float = 0.1,
+        arm_sd: float = 0.05,
+        session_sd: float = 0.1,
+        tail: str = "normal",
+        fits_up_to: int = 10**9,
+        fail: dict[tuple[str, Any], str] | None = None,
+        seed: int = 0,
+    ):
+        self.effects = dict(effects or {})
+        self.base = base
+        self.process_sd, self.arm_sd, self.session_sd = process_sd, arm_sd, session_sd
+        self.tail = tail
+        self.fits_up_to = fits_up_to
+        self.fail = dict(fail or {})
+        self.rng = random.Random(seed)
+        self.requests: list[TrialRequest] = []
+        self.sessions: list[list[TrialRequest]] = []
+
+    def truth(self, settings: dict[str, Any]) -> float:
+        """The noiseless throughput of these settings."""
+        speed = self.base
+        for (knob, value), factor in self.effects.items():
+            if settings.get(knob) == value:
+                speed *= factor
+        return speed
+
+    def _failure(self, request: TrialRequest) -> TrialResult | None:
+        s = request.settings
+        if s.get("batch_size", 0) > self.fits_up_to:
+            return TrialResult(status="oom", settings=s, mode=request.mode, error="fake out of memory", env=ENV)
+        for (knob, value), status in self.fail.items():
+            if s.get(knob) == value:
+                return TrialResult(status=status, settings=s, mode=request.mode, error=f"fake {status}", env=ENV)
+        return None
+
+    def _measured(self, request: TrialRequest, speed: float) -> TrialResult:
+        s = request.settings
+        batch = s.get("batch_size", 1)
+        return TrialResult(
+            status="ok", settings=s, mode="measure", samples_per_s=speed, windows=[speed] * 4, window_steps=10,
+            step_time_s=batch / speed, data_wait_fraction=0.05, peak_memory_bytes=batch * 2**20,
+            env=ENV, dataset_len=4096, steps=40,
+        )
+
+    def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:
+        """One fresh trial: a probe (fits or OOM) or a measurement with per-process noise."""
+        self.requests.append(request)
+        failed = self._failure(request)
+        if failed is not None:
+            return failed
+        s = request.settings
+        if request.mode == "probe":
+            return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=s.get("batch_size", 1) * 2**20,
+                               env=ENV, dataset_len=4096)
+        noise = noise_draw(self.rng, self.process_sd, self.tail)
+        return self._measured(request, self.truth(s) * math.exp(noise))
+
+    def run_session(self, requests: list[TrialRequest], log_paths: list[Path], timeout_s: float, seed: int) -> SessionResult:
+        """All arms measured together: one shared draw for the session, one draw per arm."""
+        self.sessions.append(list(requests))
+        self.requests.extend(requests)
+        shared = noise_draw(self.rng, self.session_sd, self.tail)
+        order_rng = random.Random(seed)
+        arms = []
+        for request in requests:
+            failed = self._failure(request)
+            if failed is not None:
+                arms.append(failed)
+                continue
+            noise = shared + noise_draw(self.rng, self.arm_sd, self.tail)
+            arms.append(self._measured(request, self.truth(request.settings) * math.exp(noise)))
+        rounds = 6
+        order = [order_rng.sample(range(len(requests)), len(requests)) for _ in range(rounds)]
+        return SessionResult(arms=arms, mode="interleaved", rounds=rounds, order=order, note="fake session", wall_s=0.0)
