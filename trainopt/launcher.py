@@ -38,17 +38,32 @@ PRELOAD = ("torch", "torch._dynamo", "trainopt.measure", "trainopt.workloads", "
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent ends (Linux; no-op elsewhere).
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent ends (Linux; no-op elsewhere).
 
-    The launcher dies with the orchestrator and each arm with the launcher, so even a
-    ``kill -9`` of the orchestrator leaves no trial process behind.
+    The launcher is told (SIGTERM) when the orchestrator ends, and each arm is killed when
+    the launcher ends, so even a ``kill -9`` of the orchestrator leaves no trial process behind.
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _kill_arms(arms: set[int]) -> None:
+    """SIGKILL every arm's process group: the arm and its loader workers, stopped ones included.
+
+    An arm killed alone would leave its stopped loader workers behind, since nothing
+    resumes a stopped process whose parent has gone.
+    """
+    for pid in arms:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
 
 
 def _child(control_fd: int, log_fd: int, server: socket.socket) -> None:
@@ -86,7 +101,19 @@ def _returncode(status: int) -> int:
 
 
 def serve(server: socket.socket) -> None:
-    """Answer spawn and wait requests until the orchestrator closes the socket."""
+    """Answer spawn and wait requests until the orchestrator closes the socket.
+
+    When the orchestrator goes (its socket closes, or SIGTERM arrives because it died), every
+    arm not yet waited for is killed with its loader workers.
+    """
+    arms: set[int] = set()
+    try:
+        _serve(server, arms)
+    finally:
+        _kill_arms(arms)
+
+
+def _serve(server: socket.socket, arms: set[int]) -> None:
     ended: dict[int, int] = {}
     while True:
         try:
@@ -101,6 +128,7 @@ def serve(server: socket.socket) -> None:
             pid = os.fork()
             if pid == 0:
                 _child(control_fd, log_fd, server)
+            arms.add(pid)
             os.close(control_fd)
             os.close(log_fd)
             reply = {"pid": pid}
@@ -112,6 +140,7 @@ def serve(server: socket.socket) -> None:
                     ended[pid] = _returncode(status)
                 except ChildProcessError:
                     ended[pid] = 0
+                arms.discard(pid)
             reply = {"pid": pid, "returncode": ended.pop(pid)}
         else:
             for fd in fds:
@@ -120,12 +149,17 @@ def serve(server: socket.socket) -> None:
         server.sendall(json.dumps(reply).encode())
 
 
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     server = socket.socket(fileno=int(argv[0]))
-    _die_with_parent()
     # Ctrl-C goes to the whole foreground group; the orchestrator decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _die_with_parent(signal.SIGTERM)
     import importlib
 
     for name in PRELOAD:

@@ -33,7 +33,7 @@ import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from trainopt import stats
 from trainopt.atomic import write_json_atomic
@@ -412,13 +412,44 @@ class _Arm:
             return None
         return reply
 
+    def tree(self) -> list[int]:
+        """The arm's pid and its loader workers' (empty once ended)."""
+        if self.ended:
+            return []
+        import psutil
+
+        try:
+            proc = psutil.Process(self.pid)
+            return [self.pid] + [p.pid for p in proc.children(recursive=True)]
+        except psutil.Error:
+            return []
+
     def pause(self) -> None:
-        if not self.ended and not self.paused:
-            try:
-                os.killpg(self.pid, signal.SIGSTOP)
-                self.paused = True
-            except ProcessLookupError:
-                pass
+        """Stop the arm's process group and wait (up to 2 s) until every member has stopped.
+
+        SIGSTOP is delivered asynchronously; waiting keeps the next arm's window free of
+        this arm's last few milliseconds of work.
+        """
+        if self.ended or self.paused:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        self.paused = True
+        import psutil
+
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            states = []
+            for pid in self.tree():
+                try:
+                    states.append(psutil.Process(pid).status())
+                except psutil.Error:
+                    continue
+            if all(s in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) for s in states):
+                return
+            time.sleep(0.001)
 
     def resume(self) -> None:
         if not self.ended and self.paused:
@@ -456,11 +487,16 @@ class InterleavedSessionRunner:
         cpus: Pin every arm (and its threads and loader workers) to these CPUs; None: no pinning.
         fallback: Runner for the sequential fallback (default: ``SubprocessRunner``).
         python: Interpreter for the launcher (default: this one).
+        on_window: Called as ``on_window(arm_index, trees)`` before each timed window, while
+            every arm is paused; ``trees[i]`` lists arm i's pid and its loader workers' pids
+            (empty once it ended). For observing sessions (tests, benchmarks).
     """
 
     def __init__(self, rounds: int | None = None, window_seconds: float | None = None, rewarm_steps: int = 1,
                  env: dict[str, str] | None = None, cpus: Sequence[int] | None = None,
-                 fallback: Runner | None = None, python: str | None = None):
+                 fallback: Runner | None = None, python: str | None = None,
+                 on_window: Callable[[int, list[list[int]]], None] | None = None):
+        self.on_window = on_window
         self.rounds = rounds
         self.window_seconds = window_seconds
         self.rewarm_steps = rewarm_steps
@@ -543,6 +579,8 @@ class InterleavedSessionRunner:
                     arm = arms[i]
                     if arm.failure:
                         continue
+                    if self.on_window is not None:
+                        self.on_window(i, [a.tree() for a in arms])
                     arm.resume()
                     limit = window_timeout(timeout_s, float(arm.ready.get("typical_step_s", 1.0))
                                            * (arm.ready["window_steps"] + self.rewarm_steps))
