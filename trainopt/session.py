@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -273,11 +275,11 @@ class SequentialSessionRunner:
 class _Launcher:
     """A running ``trainopt.launcher`` process and the socket to it."""
 
-    def __init__(self, env: dict[str, str], python: str):
+    def __init__(self, env: dict[str, str], command: list[str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._out = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [python, "-m", "trainopt.launcher", str(theirs.fileno())],
+            [*command, "-m", "trainopt.launcher", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, env=env,
         )
         theirs.close()
@@ -487,6 +489,8 @@ class InterleavedSessionRunner:
         cpus: Pin every arm (and its threads and loader workers) to these CPUs; None: no pinning.
         fallback: Runner for the sequential fallback (default: ``SubprocessRunner``).
         python: Interpreter for the launcher (default: this one).
+        aslr: False starts the launcher with address-space layout randomisation off
+            (``setarch -R``), so every arm of every session gets the same memory layout.
         on_window: Called as ``on_window(arm_index, trees)`` before each timed window, while
             every arm is paused; ``trees[i]`` lists arm i's pid and its loader workers' pids
             (empty once it ended). For observing sessions (tests, benchmarks).
@@ -495,8 +499,9 @@ class InterleavedSessionRunner:
     def __init__(self, rounds: int | None = None, window_seconds: float | None = None, rewarm_steps: int = 1,
                  env: dict[str, str] | None = None, cpus: Sequence[int] | None = None,
                  fallback: Runner | None = None, python: str | None = None,
-                 on_window: Callable[[int, list[list[int]]], None] | None = None):
+                 aslr: bool = True, on_window: Callable[[int, list[list[int]]], None] | None = None):
         self.on_window = on_window
+        self.aslr = aslr
         self.rounds = rounds
         self.window_seconds = window_seconds
         self.rewarm_steps = rewarm_steps
@@ -517,7 +522,10 @@ class InterleavedSessionRunner:
             root = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             env.setdefault("PYTHONUNBUFFERED", "1")
-            self._launcher = _Launcher(env, self.python)
+            prefix: list[str] = []
+            if not self.aslr and shutil.which("setarch"):
+                prefix = ["setarch", platform.machine(), "-R"]
+            self._launcher = _Launcher(env, prefix + [self.python])
             self._finalizer = weakref.finalize(self, _Launcher.close, self._launcher)
         return self._launcher
 

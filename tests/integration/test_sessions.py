@@ -201,3 +201,27 @@ def test_no_arm_or_loader_worker_outlives_an_interrupted_orchestrator(tmp_path, 
     while _alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(pids) == []
+
+
+def test_threads_and_launcher_environment_apply_to_each_forked_arm(tmp_path):
+    # The launcher imported torch before any arm chose its thread count: each arm's
+    # setting must still take effect after the fork, and the launcher's environment
+    # (read by the OpenMP runtime when torch is loaded) must reach every arm.
+    spec = tiny_spec_dict(model={"name": "mlp", "args": {"hidden": 256, "layers": 2}})
+    reqs, logs = _requests(tmp_path, [{"threads": 1}, {"threads": 2}], spec)
+    threads: dict[int, int] = {}
+    environ: dict[int, str] = {}
+
+    def observe(index, trees):
+        for i, tree in enumerate(trees):
+            if tree:
+                threads[i] = max(threads.get(i, 0), psutil.Process(tree[0]).num_threads())
+                environ[i] = Path(f"/proc/{tree[0]}/environ").read_bytes().decode(errors="replace")
+
+    with InterleavedSessionRunner(env={"OMP_WAIT_POLICY": "PASSIVE"}, on_window=observe) as runner:
+        result = runner.run_session(reqs, logs, timeout_s=60, seed=0)
+    assert [a.status for a in result.arms] == ["ok", "ok"], [a.error for a in result.arms]
+    assert [a.env["torch_threads"] for a in result.arms] == [1, 2]
+    # Two intra-op threads means one more OpenMP worker thread in that arm's process.
+    assert threads[1] > threads[0], threads
+    assert all("OMP_WAIT_POLICY=PASSIVE" in environ[i] for i in (0, 1))
