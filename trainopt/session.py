@@ -290,9 +290,9 @@ class _Launcher:
         except (socket.timeout, OSError):
             hello = b""
         if not hello:
-            self.close()
             self._out.seek(0)
-            tail = self._out.read().decode(errors="replace")[-2000:]
+            tail = self._out.read().decode(errors="replace")[-2000:].strip() or f"exit code {self.proc.poll()}"
+            self.close()
             raise RuntimeError(f"the arm launcher did not start:\n{tail}")
 
     def _ask(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
@@ -491,6 +491,8 @@ class InterleavedSessionRunner:
         python: Interpreter for the launcher (default: this one).
         aslr: False starts the launcher with address-space layout randomisation off
             (``setarch -R``), so every arm of every session gets the same memory layout.
+        host_ram_bytes: The host RAM the CPU co-residence rule compares against (default:
+            the machine's total RAM).
         on_window: Called as ``on_window(arm_index, trees)`` before each timed window, while
             every arm is paused; ``trees[i]`` lists arm i's pid and its loader workers' pids
             (empty once it ended). For observing sessions (tests, benchmarks).
@@ -499,9 +501,10 @@ class InterleavedSessionRunner:
     def __init__(self, rounds: int | None = None, window_seconds: float | None = None, rewarm_steps: int = 1,
                  env: dict[str, str] | None = None, cpus: Sequence[int] | None = None,
                  fallback: Runner | None = None, python: str | None = None,
-                 aslr: bool = True, on_window: Callable[[int, list[list[int]]], None] | None = None):
+                 aslr: bool = True, host_ram_bytes: int | None = None, on_window: Callable[[int, list[list[int]]], None] | None = None):
         self.on_window = on_window
         self.aslr = aslr
+        self.host_ram_bytes = host_ram_bytes
         self.rounds = rounds
         self.window_seconds = window_seconds
         self.rewarm_steps = rewarm_steps
@@ -516,6 +519,9 @@ class InterleavedSessionRunner:
     # -- launcher lifetime --
 
     def _get_launcher(self) -> _Launcher:
+        if not sys.platform.startswith("linux"):
+            # The launcher relies on fork after import torch, descriptor passing and prctl.
+            raise RuntimeError(f"live arms need Linux, this is {sys.platform}")
         if self._launcher is None or not self._launcher.alive:
             env = dict(os.environ)
             env.update(self.extra_env)
@@ -551,7 +557,11 @@ class InterleavedSessionRunner:
         n = len(requests)
         arms: list[_Arm] = []
         try:
-            launcher = self._get_launcher()
+            try:
+                launcher = self._get_launcher()
+            except (RuntimeError, OSError) as exc:
+                return self._sequential(requests, log_paths, timeout_s, seed, start,
+                                        f"live arms are not available here ({exc}); measured one at a time instead")
             for i, request in enumerate(requests):
                 t0 = time.perf_counter()
                 arm = _Arm(i, launcher, Path(log_paths[i]))
@@ -575,10 +585,7 @@ class InterleavedSessionRunner:
             if reason:
                 for arm in arms:
                     arm.kill()
-                result = SequentialSessionRunner(self.fallback).run_session(requests, log_paths, timeout_s, seed,
-                                                                             note=reason)
-                result.wall_s = time.perf_counter() - start
-                return result
+                return self._sequential(requests, log_paths, timeout_s, seed, start, reason)
             rounds = self.rounds or int(requests[0].spec["measure"]["windows"])
             orders: list[list[int]] = []
             for r, order in enumerate(round_orders(n, rounds, seed)):
@@ -617,6 +624,11 @@ class InterleavedSessionRunner:
             for arm in arms:
                 arm.kill()
 
+    def _sequential(self, requests, log_paths, timeout_s, seed, start: float, note: str) -> SessionResult:
+        result = SequentialSessionRunner(self.fallback).run_session(requests, log_paths, timeout_s, seed, note=note)
+        result.wall_s = time.perf_counter() - start
+        return result
+
     def _fallback_reason(self, arms: list[_Arm]) -> str | None:
         statuses = [a.failure[0] if a.failure else None for a in arms]
         readies = [a.ready for a in arms if a.ready]
@@ -624,6 +636,8 @@ class InterleavedSessionRunner:
         peaks = [a.ready.get("footprint_bytes") if a.ready else None for a in arms]
         if device_type == "cuda":
             capacity = readies[0].get("device_capacity_bytes")
+        elif self.host_ram_bytes is not None:
+            capacity = self.host_ram_bytes
         else:
             import psutil
 

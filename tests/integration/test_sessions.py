@@ -225,3 +225,21 @@ def test_threads_and_launcher_environment_apply_to_each_forked_arm(tmp_path):
     # Two intra-op threads means one more OpenMP worker thread in that arm's process.
     assert threads[1] > threads[0], threads
     assert all("OMP_WAIT_POLICY=PASSIVE" in environ[i] for i in (0, 1))
+
+
+def test_arms_that_do_not_fit_the_host_fall_back_to_sequential_and_say_so(tmp_path):
+    reqs, logs = _requests(tmp_path, [{}, {"batch_size": 32}])
+    with InterleavedSessionRunner(host_ram_bytes=256 * 2**20) as runner:
+        result = runner.run_session(reqs, logs, timeout_s=60, seed=4)
+    assert result.mode == "sequential" and result.rounds == 0
+    assert "host RAM" in result.note and "one at a time" in result.note
+    assert [a.status for a in result.arms] == ["ok", "ok"] and result.arms[1].settings["batch_size"] == 32
+    assert result.ratio(0, 1) is not None
+
+
+def test_without_a_launcher_the_session_is_measured_sequentially(tmp_path):
+    reqs, logs = _requests(tmp_path, [{}, {}])
+    with InterleavedSessionRunner(python="/bin/false") as runner:
+        result = runner.run_session(reqs, logs, timeout_s=60, seed=0)
+    assert result.mode == "sequential" and "not available" in result.note
+    assert [a.status for a in result.arms] == ["ok", "ok"]
