@@ -52,7 +52,9 @@ def receive(conn: Connection) -> dict[str, Any]:
     """Read one JSON message; a message of another schema version is refused."""
     message = json.loads(conn.recv_bytes())
     if message.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"control message has schema version {message.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        raise ValueError(
+            f"control message has schema version {message.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+        )
     return message
 
 

@@ -193,7 +193,8 @@ def classify_reply(reply: dict[str, Any] | None, *, timed_out: bool, returncode:
     if timed_out:
         return "timeout", f"the arm did not finish its {what} within {timeout_s:g} s and was stopped"
     if reply is None:
-        return "crashed", f"{classify_exit(returncode if returncode is not None else -signal.SIGKILL)} during its {what}"
+        how = classify_exit(returncode if returncode is not None else -signal.SIGKILL)
+        return "crashed", f"{how} during its {what}"
     if reply.get("kind") == "failed":
         return str(reply.get("status", "error")), str(reply.get("error") or "")
     return None
@@ -501,7 +502,8 @@ class InterleavedSessionRunner:
     def __init__(self, rounds: int | None = None, window_seconds: float | None = None, rewarm_steps: int = 1,
                  env: dict[str, str] | None = None, cpus: Sequence[int] | None = None,
                  fallback: Runner | None = None, python: str | None = None,
-                 aslr: bool = True, host_ram_bytes: int | None = None, on_window: Callable[[int, list[list[int]]], None] | None = None):
+                 aslr: bool = True, host_ram_bytes: int | None = None,
+                 on_window: Callable[[int, list[list[int]]], None] | None = None):
         self.on_window = on_window
         self.aslr = aslr
         self.host_ram_bytes = host_ram_bytes
