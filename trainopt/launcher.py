@@ -1,4 +1,4 @@
-"""A fork server for live trial processes ("arms"): ``python -m trainopt.launcher FD``.
+"""A fork server for live trial processes ("arms"): ``python -m trainopt.launcher FD [TAG]``.
 
 A fresh trial process pays about 4 s for the interpreter, ``import torch`` and dynamo
 before its first step. This process pays that once: it imports torch and trainopt's

@@ -276,11 +276,13 @@ class SequentialSessionRunner:
 class _Launcher:
     """A running ``trainopt.launcher`` process and the socket to it."""
 
-    def __init__(self, env: dict[str, str], command: list[str]):
+    def __init__(self, env: dict[str, str], command: list[str], tag: str = ""):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._out = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [*command, "-m", "trainopt.launcher", str(theirs.fileno())],
+            # The tag (the first session's log folder) only names the processes: forked arms keep
+            # this command line, so ``ps`` (and the test suite's orphan check) can tell whose they are.
+            [*command, "-m", "trainopt.launcher", str(theirs.fileno()), *([tag] if tag else [])],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, env=env,
         )
         theirs.close()
@@ -520,7 +522,7 @@ class InterleavedSessionRunner:
 
     # -- launcher lifetime --
 
-    def _get_launcher(self) -> _Launcher:
+    def _get_launcher(self, tag: str = "") -> _Launcher:
         if not sys.platform.startswith("linux"):
             # The launcher relies on fork after import torch, descriptor passing and prctl.
             raise RuntimeError(f"live arms need Linux, this is {sys.platform}")
@@ -533,7 +535,7 @@ class InterleavedSessionRunner:
             prefix: list[str] = []
             if not self.aslr and shutil.which("setarch"):
                 prefix = ["setarch", platform.machine(), "-R"]
-            self._launcher = _Launcher(env, prefix + [self.python])
+            self._launcher = _Launcher(env, prefix + [self.python], tag)
             self._finalizer = weakref.finalize(self, _Launcher.close, self._launcher)
         return self._launcher
 
@@ -560,7 +562,7 @@ class InterleavedSessionRunner:
         arms: list[_Arm] = []
         try:
             try:
-                launcher = self._get_launcher()
+                launcher = self._get_launcher(str(Path(log_paths[0]).parent) if log_paths else "")
             except (RuntimeError, OSError) as exc:
                 return self._sequential(requests, log_paths, timeout_s, seed, start,
                                         f"live arms are not available here ({exc}); measured one at a time instead")
