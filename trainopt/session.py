@@ -15,6 +15,27 @@ to one fresh process per arm, run one after another, and says so in ``note``.
 
 This module is the orchestrator side and never imports torch: the arms are forked from
 ``trainopt.launcher`` (which has torch imported) and run ``trainopt.arm``.
+
+Per-process offsets, and what this design does about each:
+
+- OpenMP spin-waiting: an idle arm's OpenMP threads spin after their last parallel
+  region and steal the core from the running arm. Removed: paused arms are SIGSTOPped,
+  and ``pause`` waits until every process of the group has actually stopped.
+- Address-space layout, hash seed, allocator state, import order: a fresh process draws
+  all of these anew. Arms forked from one launcher inherit the same image and malloc
+  state and allocate in the same order, so same-settings arms get the same layout.
+  ``aslr=False`` also fixes the layout across launchers.
+- Thread and core placement: left to the scheduler by default; ``cpus=`` pins every arm
+  (its threads and loader workers inherit) to the same CPUs, and ``env={"OMP_PROC_BIND":
+  ...}`` fixes OpenMP thread placement. Not default: pinning loader workers onto the
+  compute cores changes what is measured, and on a shared machine the pinned cores may be
+  the busy ones.
+- ``OMP_WAIT_POLICY``: inherited, not forced to PASSIVE. With paused arms stopped, the
+  remaining effect of the policy is on the running arm itself, i.e. on the figure the
+  user's own training gets; forcing it would measure a different configuration.
+- Cache state after a pause: each window is preceded by ``rewarm_steps`` untimed steps,
+  so every arm starts its window with its own working set loaded, whichever arm ran
+  before it.
 """
 
 from __future__ import annotations
