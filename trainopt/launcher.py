@@ -1,0 +1,173 @@
+"""A fork server for live trial processes ("arms"): ``python -m trainopt.launcher FD [TAG]``.
+
+A fresh trial process pays about 4 s for the interpreter, ``import torch`` and dynamo
+before its first step. This process pays that once: it imports torch and trainopt's
+trial-side modules, runs no torch operation (so no OpenMP pool, no CUDA context and no
+threads of torch's own exist), and then forks one child per arm on request. A child
+starts in well under a second and builds its own model, loader workers and compile.
+
+The orchestrator talks to it over one Unix socket (the inherited descriptor ``FD``):
+
+- ``{"op": "spawn"}`` with two descriptors attached (the arm's control socket and its
+  log file) -> ``{"pid": PID}``. The child leads a new session (own process group, so
+  the orchestrator can pause it and its loader workers with one ``killpg``), writes
+  stdout and stderr to the log, and serves ``trainopt.arm`` on the control socket.
+- ``{"op": "wait", "pid": PID}`` -> ``{"pid": PID, "returncode": RC}`` after the child
+  has ended (negative for a signal), so a crash is classified like a fresh process's.
+
+Environment variables that the OpenMP runtime reads when it is loaded (for example
+``OMP_WAIT_POLICY``) must be set in this process's environment: the children inherit
+the runtime as loaded here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+
+__all__ = ["main", "PRELOAD"]
+
+# Imported before the first fork: everything a trial process needs that is slow to import.
+PRELOAD = ("torch", "torch._dynamo", "trainopt.measure", "trainopt.workloads", "trainopt.worker",
+           "trainopt.fingerprint", "trainopt.arm")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent ends (Linux; no-op elsewhere).
+
+    The launcher is told (SIGTERM) when the orchestrator ends, and each arm is killed when
+    the launcher ends, so even a ``kill -9`` of the orchestrator leaves no trial process behind.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill_arms(arms: set[int]) -> None:
+    """SIGKILL every arm's process group: the arm and its loader workers, stopped ones included.
+
+    An arm killed alone would leave its stopped loader workers behind, since nothing
+    resumes a stopped process whose parent has gone.
+    """
+    for pid in arms:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+def _child(control_fd: int, log_fd: int, server: socket.socket) -> None:
+    """Become an arm: new session, output to the log, serve the control socket; never returns."""
+    code = 70
+    try:
+        server.close()
+        os.setsid()
+        _die_with_parent()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from trainopt import arm
+
+        code = arm.serve(control_fd)
+    except BaseException:  # noqa: BLE001 - a child must never fall back into the server loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            # Skip interpreter teardown: loader workers and compile caches need none.
+            os._exit(code)
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def serve(server: socket.socket) -> None:
+    """Answer spawn and wait requests until the orchestrator closes the socket.
+
+    When the orchestrator goes (its socket closes, or SIGTERM arrives because it died), every
+    arm not yet waited for is killed with its loader workers.
+    """
+    arms: set[int] = set()
+    try:
+        _serve(server, arms)
+    finally:
+        _kill_arms(arms)
+
+
+def _serve(server: socket.socket, arms: set[int]) -> None:
+    ended: dict[int, int] = {}
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(server, 65536, 4)
+        except (ConnectionResetError, OSError):
+            return
+        if not data:
+            return
+        msg = json.loads(data)
+        if msg["op"] == "spawn":
+            control_fd, log_fd = fds
+            pid = os.fork()
+            if pid == 0:
+                _child(control_fd, log_fd, server)
+            arms.add(pid)
+            os.close(control_fd)
+            os.close(log_fd)
+            reply = {"pid": pid}
+        elif msg["op"] == "wait":
+            pid = int(msg["pid"])
+            if pid not in ended:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                    ended[pid] = _returncode(status)
+                except ChildProcessError:
+                    ended[pid] = 0
+                arms.discard(pid)
+            reply = {"pid": pid, "returncode": ended.pop(pid)}
+        else:
+            for fd in fds:
+                os.close(fd)
+            reply = {"error": f"unknown op {msg.get('op')!r}"}
+        server.sendall(json.dumps(reply).encode())
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    server = socket.socket(fileno=int(argv[0]))
+    # Ctrl-C goes to the whole foreground group; the orchestrator decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _die_with_parent(signal.SIGTERM)
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    server.sendall(json.dumps({"ready": os.getpid()}).encode())
+    serve(server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
