@@ -19,32 +19,13 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+
 from pathlib import Path
 from typing import Any
 
 from trainopt.protocol import TrialRequest, TrialResult
 
-try:  # The live-session module defines the real type; until it exists, the agreed shape.
-    from trainopt.session import SessionResult
-except ImportError:  # pragma: no cover - depends on which modules this tree has
-
-    @dataclass
-    class SessionResult:
-        """Stand-in with exactly the fields of the agreed session interface."""
-
-        arms: list[TrialResult]
-        mode: str
-        rounds: int = 0
-        order: list[list[int]] = field(default_factory=list)
-        note: str = ""
-        wall_s: float | None = None
-
-        def ratio(self, a: int, b: int) -> float | None:
-            x, y = self.arms[a], self.arms[b]
-            if not (x.ok and y.ok) or not x.samples_per_s or not y.samples_per_s:
-                return None
-            return x.samples_per_s / y.samples_per_s
+from trainopt.session import SessionResult
 
 
 __all__ = ["FakeRunner", "SessionResult", "noise_draw"]
