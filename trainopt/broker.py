@@ -9,18 +9,44 @@ through the ``Runner``. Every trial used is noted in the ``SearchState``.
 from __future__ import annotations
 
 import random
+import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from trainopt import knobs, plan
 from trainopt.confirmation import Pair
+from trainopt.executor import SessionExecutor, SessionJob
 from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.runner import Runner
+from trainopt.session import SessionResult
 from trainopt.state import SearchState, TrialRecord
 from trainopt.store import TrialStore
 
-__all__ = ["TrialBroker", "trial_key"]
+__all__ = ["TrialBroker", "SessionAsk", "trial_key"]
+
+
+@dataclass(frozen=True)
+class SessionAsk:
+    """A session the search wants: its arms (arm 0 is the incumbent) and why.
+
+    Attributes:
+        arms: Settings of every arm, the incumbent first.
+        stage: The search stage.
+        knob: The knob being decided.
+        role: ``screen``, ``confirm``, ``holdout`` or ``final``.
+        tag: Identifies the session within its role and knob (part of every arm's key).
+    """
+
+    arms: list[dict[str, Any]]
+    stage: str
+    knob: str
+    role: str
+    tag: str
+
+    def keys(self) -> list[str]:
+        return [trial_key(s, self.role, self.knob, f"{self.tag}/arm{i}") for i, s in enumerate(self.arms)]
 
 
 def trial_key(settings: dict[str, Any], role: str, knob: str, tag: str) -> str:
@@ -40,7 +66,11 @@ class TrialBroker:
         progress: Receives trial events.
     """
 
-    def __init__(self, spec: Any, out_dir: Path, runner: Runner, store: TrialStore, state: SearchState, progress: Any):
+    def __init__(self, spec: Any, out_dir: Path, runner: Runner, store: TrialStore, state: SearchState, progress: Any,
+                 executor: SessionExecutor | None = None, guard: Any = None):
+        self.executor = executor
+        # The stability guard (``stability.StabilityGuard``), or None to take every session as it comes.
+        self.guard = guard
         self.spec = spec
         self.resolved = spec.resolved()
         self.out_dir = Path(out_dir)
@@ -73,11 +103,10 @@ class TrialBroker:
         self._note(key, meta, result)
         return result
 
-    def _run(self, settings: dict[str, Any], key: str, number: int, *, stage: str, knob: str, role: str, mode: str) -> TrialResult:
+    def _request(self, settings: dict[str, Any], key: str, name: str, mode: str) -> TrialRequest:
         trial_dir = self.out_dir / "trials"
         trial_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{number:04d}-{role}-{knob}"
-        request = TrialRequest(
+        return TrialRequest(
             spec=self.resolved,
             source_dir=str(self.spec.source_dir()),
             settings=settings,
@@ -86,12 +115,108 @@ class TrialBroker:
             memory_gb=self.spec.limits.memory_gb,
             trial_id=key,
         )
+
+    def _run(self, settings: dict[str, Any], key: str, number: int, *, stage: str, knob: str, role: str, mode: str) -> TrialResult:
+        name = f"{number:04d}-{role}-{knob}"
+        request = self._request(settings, key, name, mode)
         detail = f"{knob}={settings[knob]}" if knob in settings else ""
         self.progress.trial_started(stage=stage, knob=knob, role=role, detail=detail)
         result = self.runner.run(request, self.out_dir / "logs" / f"{name}.log", self.spec.measure.trial_timeout_s)
         self.state.ran += 1
         self.progress.trial_finished(result)
         return result
+
+    def sessions(self, asks: list[SessionAsk], exclusive: bool = False) -> list[SessionResult]:
+        """Measure (or reuse) several independent sessions; one result per ask, in order.
+
+        A session is reused only when every one of its arms finished before: its arms were
+        measured side by side, so a half-stored session is measured again as a whole.
+        Sessions that run are handed to the executor together, so that an executor with
+        several slots runs them at once. With a stability guard, a session measured while
+        the machine shifted is measured again (see ``_guarded``).
+
+        Args:
+            asks: The sessions.
+            exclusive: Run each with no other session beside it (the final check).
+        """
+        results: list[SessionResult | None] = [None] * len(asks)
+        todo: list[tuple[int, SessionAsk]] = []
+        for j, ask in enumerate(asks):
+            cached = [self.store.lookup(k) for k in ask.keys()]
+            if all(c is not None for c in cached):
+                for key, r in zip(ask.keys(), cached):
+                    self.state.reused += 1
+                    self._note(key, self._meta(ask, r), r)
+                    self.progress.trial_reused()
+                info = cached[0].session or {}
+                results[j] = SessionResult(arms=cached, mode=info.get("mode", "sequential"), rounds=info.get("rounds", 0),
+                                           note=info.get("note", ""))
+            else:
+                todo.append((j, ask))
+        for (j, _), result in zip(todo, self._run_sessions([a for _, a in todo], exclusive)):
+            results[j] = result
+        return results
+
+    def _run_sessions(self, asks: list[SessionAsk], exclusive: bool) -> list[SessionResult]:
+        if not asks:
+            return []
+        handles, jobs = [], []
+        for ask in asks:
+            hs, requests, logs = [], [], []
+            for i, (key, settings) in enumerate(zip(ask.keys(), ask.arms)):
+                h = self.store.begin(key, self._meta(ask, None))
+                name = f"{h.number:04d}-{ask.role}-{ask.knob}"
+                hs.append(h)
+                requests.append(self._request(settings, key, name, "measure"))
+                logs.append(self.out_dir / "logs" / f"{name}.log")
+            seed = zlib.crc32(f"{self.spec.measure.seed}/{'|'.join(ask.keys())}".encode())
+            handles.append(hs)
+            jobs.append(SessionJob(requests, logs, self.spec.measure.trial_timeout_s, seed))
+            self.progress.trial_started(stage=ask.stage, knob=ask.knob, role=ask.role, detail=self._detail(ask), arms=len(ask.arms))
+        out = self.executor.run_many(jobs, exclusive=exclusive)
+        for ask, hs, result in zip(asks, handles, out):
+            per_arm = (result.wall_s or 0.0) / max(1, len(result.arms))
+            sid = ask.tag
+            for i, (key, h, arm) in enumerate(zip(ask.keys(), hs, result.arms)):
+                arm.session = {"id": f"{ask.role}/{ask.knob}/{sid}", "arm": i, "arms": len(result.arms), "mode": result.mode,
+                               "note": result.note, "rounds": result.rounds, "finished_s": round(time.time() - self.state.started, 3)}
+                meta = self._meta(ask, arm)
+                self.store.finish(h, key, meta, arm)
+                self._note(key, meta, arm)
+                self.state.ran += 1
+                self.progress.trial_finished(arm, wall_s=per_arm)
+        return out
+
+    @staticmethod
+    def _detail(ask: SessionAsk) -> str:
+        values = [str(s.get(ask.knob)) for s in ask.arms if ask.knob in s]
+        return f"{ask.knob}=" + " vs ".join(values) if values else ""
+
+    @staticmethod
+    def _meta(ask: SessionAsk, result: TrialResult | None) -> dict[str, Any]:
+        return {"stage": ask.stage, "knob": ask.knob, "role": ask.role, "tag": ask.tag, "mode": "measure"}
+
+    def pair_sessions(self, incumbent: dict[str, Any], candidate: dict[str, Any], *, stage: str, knob: str, role: str,
+                      planned: Callable[[int], int], exclusive: bool = False) -> Callable[[int], Pair]:
+        """A ``next_pair`` for ``confirmation.confirm`` from fresh two-arm sessions [incumbent, candidate].
+
+        Asked for pair ``i``, it measures every pair up to ``planned(i)`` at once (the
+        rule's next look: the rule cannot stop before it, so those pairs are needed
+        anyway), which lets an executor with several slots run them side by side.
+        """
+        base = f"{plan.settings_hash(incumbent)}-vs-{plan.settings_hash(candidate)}"
+        got: dict[int, SessionResult] = {}
+
+        def next_pair(i: int) -> Pair:
+            if i not in got:
+                upto = max(i + 1, planned(i))
+                asks = [SessionAsk([incumbent, candidate], stage, knob, role, f"{base}/pair{k}") for k in range(i, upto)]
+                for k, result in zip(range(i, upto), self.sessions(asks, exclusive=exclusive)):
+                    got[k] = result
+            s = got[i]
+            return Pair(candidate=s.arms[1], incumbent=s.arms[0])
+
+        return next_pair
 
     def _note(self, key: str, meta: dict[str, Any], result: TrialResult) -> None:
         self.state.trials.append(TrialRecord(id=len(self.state.trials), key=key, result=result, **meta))

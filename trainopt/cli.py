@@ -190,6 +190,16 @@ def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any], report:
     return write_report(out, doc)
 
 
+def _executor(spec, runner):
+    """Where the search's measurement sessions run: live interleaved arms unless the spec says otherwise."""
+    from trainopt.executor import SerialExecutor
+    from trainopt.session import InterleavedSessionRunner, SequentialSessionRunner
+
+    if spec.measure.session == "sequential":
+        return SerialExecutor(SequentialSessionRunner(runner))
+    return SerialExecutor(InterleavedSessionRunner(fallback=runner))
+
+
 def cmd_search(args) -> int:
     from trainopt.progress import ConsoleProgress
     from trainopt.runner import SubprocessRunner
@@ -213,7 +223,9 @@ def cmd_search(args) -> int:
         def checkpoint(doc):
             _write_all(folder.path, doc, resolved, report=doc["complete"])
 
-        search = Search(spec, folder.path, SubprocessRunner(), store, progress=progress, on_checkpoint=checkpoint)
+        runner = SubprocessRunner()
+        executor = _executor(spec, runner)
+        search = Search(spec, folder.path, runner, store, progress=progress, on_checkpoint=checkpoint, executor=executor)
         try:
             doc = search.run()
         except SearchFailed as exc:
@@ -234,6 +246,7 @@ def cmd_search(args) -> int:
             return code
         finally:
             progress.close()
+            executor.close()
     print(_summary(doc))
     report = folder.path / "report.html"
     print(f"results: {folder.path / 'results.json'}")

@@ -34,6 +34,7 @@ class Assessment:
     done: bool
     verdict: str | None = None
     interval: stats.PairedInterval | None = None
+    reason: str = ""
 
 
 class DecisionRule(Protocol):

@@ -33,7 +33,7 @@ class NullProgress:
     def stage(self, stage: str, detail: str) -> None: ...
     def set_remaining(self, trials: int) -> None: ...
     def trial_started(self, **info: Any) -> None: ...
-    def trial_finished(self, result: Any) -> None: ...
+    def trial_finished(self, result: Any, wall_s: float | None = None) -> None: ...
     def trial_reused(self) -> None: ...
     def close(self) -> None: ...
 
@@ -88,11 +88,13 @@ class ConsoleProgress(NullProgress):
         if self._status:
             self._status.update(self._line())
 
-    def trial_finished(self, result: Any) -> None:
+    def trial_finished(self, result: Any, wall_s: float | None = None) -> None:
+        """One trial (or one arm of a session, with its share ``wall_s`` of the session's time) finished."""
         self.done += 1
         self.remaining = max(0, self.remaining - 1)
-        if result.wall_s:
-            self.walls.append(result.wall_s)
+        wall = wall_s if wall_s is not None else result.wall_s
+        if wall:
+            self.walls.append(wall)
         figure = f"{result.samples_per_s:,.1f} samples/s" if result.samples_per_s else (result.error or "")
         line = f"  {self.current}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
         if not self.quiet:

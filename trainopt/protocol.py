@@ -122,6 +122,8 @@ class TrialResult:
     world_size: int = 1
     backend: str | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    # Measured inside a session: its id, this arm's index, the session's mode and note.
+    session: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,13 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from trainopt import knobs, plan
+import math
+
+from trainopt import knobs, plan, stats
 from trainopt.batch_stage import run_batch_stage
 from trainopt.broker import TrialBroker
-from trainopt.confirmation import DecisionRule, IntervalRule, confirm
 from trainopt.decision import Decision
+from trainopt.executor import SerialExecutor, SessionExecutor
 from trainopt.progress import NullProgress
 from trainopt.runner import Runner
+from trainopt.sequential import holdout_estimate, holdout_pairs
+from trainopt.session import SequentialSessionRunner
 from trainopt.spec import Spec
 from trainopt.stages import KnobStage, SearchFailed, median_rate
 from trainopt.state import SearchState
@@ -35,12 +39,18 @@ class Search:
     Args:
         spec: The validated spec.
         out_dir: The output folder (trial logs and result files go here).
-        runner: Runs one trial (a subprocess in production).
+        runner: Runs one trial (a subprocess in production): the baseline and the memory probes.
         store: Where finished trials are kept and looked up.
         progress: Receives progress events (stage, knob, trial, ETA).
         on_checkpoint: Called with the partial results after every decision, so that a
             search stopped at any moment leaves readable results behind.
-        rule: Decides each confirmation; defaults to the spec's ``IntervalRule``.
+        executor: Runs the measurement sessions (screens, confirmation pairs, the final
+            check). Default: one at a time, through ``runner.run_session`` when the runner
+            has one, else one fresh ``runner.run`` process per arm.
+        guard: A ``stability.StabilityGuard``; None measures every session once.
+        rule: A ``confirmation.DecisionRule`` for every confirmation instead of the
+            spec's ``sequential.SequentialRule`` (which shares each knob's error budget
+            among the candidates it confirms).
     """
 
     def __init__(
@@ -51,18 +61,19 @@ class Search:
         store: TrialStore,
         progress: Any = None,
         on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
-        rule: DecisionRule | None = None,
+        executor: SessionExecutor | None = None,
+        guard: Any = None,
+        rule: Any = None,
     ):
         self.spec = spec
         self.progress = progress or NullProgress()
         self.on_checkpoint = on_checkpoint
         self.state = SearchState.for_spec(spec, out_dir)
-        self.broker = TrialBroker(spec, out_dir, runner, store, self.state, self.progress)
-        self.rule = rule or IntervalRule.from_measure(spec.measure)
-        self.stage = KnobStage(
-            self.broker, self.rule, min_speedup=spec.measure.min_speedup, pairs=spec.measure.pairs,
-            run_length_steps=spec.run_length_steps, decisions=self.state.decisions,
-        )
+        if executor is None:
+            executor = SerialExecutor(runner if hasattr(runner, "run_session") else SequentialSessionRunner(runner))
+        self.broker = TrialBroker(spec, out_dir, runner, store, self.state, self.progress, executor=executor, guard=guard)
+        self.stage = KnobStage(self.broker, spec.measure, run_length_steps=spec.run_length_steps, decisions=self.state.decisions,
+                               rule=rule)
 
     @property
     def ran(self) -> int:
@@ -108,7 +119,13 @@ class Search:
         )
 
     def _final_check(self, base: dict[str, Any], incumbent: dict[str, Any]) -> dict[str, Any]:
-        """The final settings against the original baseline, with the same rule as every change."""
+        """The final settings against the original baseline: a fixed number of fresh pair sessions.
+
+        No early stop and no selection act on these pairs, so the plain interval over them
+        has its nominal coverage and the speedup is unbiased; the verdict applies the same
+        boundaries as every change (``stats.verdict``). Each pair runs with no other
+        session beside it.
+        """
         baseline_rate = self.state.baseline.samples_per_s
         if plan.settings_hash(base) == plan.settings_hash(incumbent):
             return {
@@ -121,18 +138,25 @@ class Search:
                 "samples_per_s": baseline_rate,
                 "baseline_samples_per_s": baseline_rate,
             }
-        conf = confirm(self.broker.pairs(base, incumbent, stage="final", knob="final"), self.rule, self.spec.measure.pairs)
-        iv = conf.interval
-        return {
-            "settings": incumbent,
-            "verdict": conf.verdict,
-            "reason": conf.reason,
-            "speedup": iv.speedup if iv else None,
-            "ci": [iv.low, iv.high] if iv else None,
-            "n_pairs": iv.n if iv else 0,
-            "samples_per_s": median_rate(conf.candidate),
-            "baseline_samples_per_s": median_rate(conf.incumbent),
-        }
+        m = self.spec.measure
+        n = max(m.pairs, holdout_pairs(m.confidence, m.interval))
+        nxt = self.broker.pair_sessions(base, incumbent, stage="final", knob="final", role="final", planned=lambda i: n, exclusive=True)
+        pairs = [nxt(i) for i in range(n)]
+        cand = [p.candidate for p in pairs]
+        inc = [p.incumbent for p in pairs]
+        out = {"settings": incumbent, "ci": None, "speedup": None, "n_pairs": 0,
+               "samples_per_s": median_rate(cand), "baseline_samples_per_s": median_rate(inc)}
+        failed_cand = next((r for r in cand if not r.ok), None)
+        failed_inc = next((r for r in inc if not r.ok), None)
+        if failed_cand is not None:
+            return {**out, "verdict": failed_cand.status, "reason": f"candidate trial {failed_cand.status}: {failed_cand.error}"}
+        if failed_inc is not None:
+            return {**out, "verdict": "inconclusive",
+                    "reason": f"incumbent trial {failed_inc.status} during the final check: {failed_inc.error}"}
+        iv = holdout_estimate([math.log(c.samples_per_s / i.samples_per_s) for c, i in zip(cand, inc)], m.confidence, m.interval)
+        return {**out, "verdict": stats.verdict(iv, m.min_speedup),
+                "reason": f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} fresh pairs",
+                "speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
 
     def _checkpoint(self, complete: bool) -> dict[str, Any]:
         from trainopt.results import build_results

@@ -56,6 +56,7 @@ __all__ = [
     "Selection",
     "select_for_confirmation",
     "holdout_pairs",
+    "min_decidable_pairs",
     "holdout_estimate",
 ]
 
@@ -276,6 +277,24 @@ class SequentialRule:
 
     # ---- the rule -----------------------------------------------------------------
 
+    def next_look(self, n: int) -> int:
+        """The pair count at which the rule can next stop, after ``n`` pairs.
+
+        Between looks (and at looks that cannot spend anything) the rule always goes on,
+        so every pair up to this count will be needed: they can be measured together.
+        """
+        for look in self.looks:
+            if look.n > n and (look.alpha > 0 or look.n == self.max_pairs):
+                return look.n
+        return self.max_pairs
+
+    def assess(self, candidate: Sequence[float], incumbent: Sequence[float]) -> Any:
+        """The ``confirmation.DecisionRule`` view of ``decide``, from paired throughputs."""
+        from trainopt.confirmation import Assessment
+
+        d = self.decide([math.log(c / i) for c, i in zip(candidate, incumbent)])
+        return Assessment(done=d.done, verdict=d.verdict, interval=d.interval, reason=d.reason)
+
     def decide(self, log_ratios: Sequence[float]) -> Decision:
         """Stop with a verdict, or ask for another pair.
 
@@ -373,6 +392,15 @@ def select_for_confirmation(ratios: Sequence[float | None], max_confirm: int = 2
 
 
 # ---- unbiased figures -----------------------------------------------------------------
+
+
+def min_decidable_pairs(confidence: float = 0.95, family: int = 2) -> int:
+    """The fewest pairs at which a confirmation sharing its knob's budget with ``family - 1``
+    others can claim anything at all (7 at 95 % with two confirmations per knob)."""
+    n = 2
+    while _exact_rank_level(n, (1.0 - confidence) / family)[0] == 0:
+        n += 1
+    return n
 
 
 def holdout_pairs(confidence: float = 0.95, method: str = "hodges-lehmann", minimum: int = 6) -> int:

@@ -107,12 +107,15 @@ class MeasureSection(_Strict):
     window_seconds: float = Field(1.0, gt=0, le=3600)
     windows: int = Field(8, ge=3, le=1000)
     trial_timeout_s: float = Field(300.0, gt=0, le=7 * 24 * 3600)
+    # Before the pair counts: the max_pairs check needs it.
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
     pairs: int = Field(6, ge=3, le=1000)
     max_pairs: int = Field(20, ge=3, le=1000)
-    confidence: float = Field(0.95, gt=0.5, lt=1.0)
     min_speedup: float = Field(0.03, ge=0.0, le=1.0)
     interval: Literal["hodges-lehmann", "t"] = "hodges-lehmann"
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    # interleaved: live arms alternate timed windows; sequential: one fresh process per arm.
+    session: Literal["interleaved", "sequential"] = "interleaved"
 
     @field_validator("max_pairs")
     @classmethod
@@ -120,6 +123,15 @@ class MeasureSection(_Strict):
         pairs = info.data.get("pairs")
         if pairs is not None and v < pairs:
             raise ValueError(f"must be at least measure.pairs ({pairs})")
+        confidence = info.data.get("confidence")
+        if confidence is not None:
+            from trainopt.sequential import min_decidable_pairs
+
+            # Fewer pairs can never reach the confidence with an exact rank interval:
+            # every confirmation would end inconclusive.
+            need = min_decidable_pairs(confidence)
+            if v < need:
+                raise ValueError(f"must be at least {need} for confidence {confidence}: fewer pairs can never confirm a change")
         return v
 
 

@@ -1,20 +1,30 @@
 """One knob's stage: screen every candidate, confirm the most promising, adopt it if improved.
 
 Used by every knob, the batch size included (``batch_stage`` makes its candidates from
-real memory probes first). Trials come from the ``TrialBroker``; the verdict from
-``confirmation.confirm`` with the search's ``DecisionRule``.
+real memory probes first). The screen is one session of the incumbent and every
+candidate; each confirmation is a series of fresh two-arm sessions decided by
+``sequential.SequentialRule`` through ``confirmation.confirm``; sessions come from the
+``TrialBroker``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
 from trainopt import knobs, plan
-from trainopt.broker import TrialBroker
-from trainopt.confirmation import DecisionRule, confirm
+from trainopt.broker import SessionAsk, TrialBroker
+from trainopt.confirmation import Confirmation, confirm
 from trainopt.decision import Decision, judge_compile
 from trainopt.protocol import TrialResult
+from trainopt.sequential import SequentialRule, holdout_estimate, holdout_pairs, select_for_confirmation
+
+# At most this many candidates of one knob are confirmed (they share the knob's error budget).
+MAX_CONFIRM = 2
+# Candidates screening below this ratio are not confirmed: a single screen session is
+# noisy, so the gate sits below 1 (a real win is rarely screened out), not above it.
+SCREEN_GATE = 0.95
 
 __all__ = ["SearchFailed", "KnobStage"]
 
@@ -32,19 +42,18 @@ class KnobStage:
     """Screens, confirms and adopts candidates for one knob at a time.
 
     Args:
-        broker: Runs or reuses trials.
-        rule: Decides each confirmation.
-        min_speedup: A screen must reach ``1 + min_speedup`` to be confirmed.
-        pairs: Pairs planned per confirmation (for the reason text).
+        broker: Runs or reuses trials and sessions.
+        measure: The spec's measure section (the rule's settings).
         run_length_steps: For the compile judgement.
         decisions: Where decisions are appended (the search state's list).
+        rule: A ``DecisionRule`` for every confirmation instead of the spec's sequential rule.
     """
 
-    def __init__(self, broker: TrialBroker, rule: DecisionRule, *, min_speedup: float, pairs: int, run_length_steps: int, decisions: list[Decision]):
-        self.broker = broker
+    def __init__(self, broker: TrialBroker, measure: Any, *, run_length_steps: int, decisions: list[Decision], rule: Any = None):
         self.rule = rule
-        self.min_speedup = min_speedup
-        self.pairs = pairs
+        self.broker = broker
+        self.measure = measure
+        self.pairs = measure.pairs
         self.run_length_steps = run_length_steps
         self.decisions = decisions
 
@@ -66,29 +75,47 @@ class KnobStage:
         return self.screen_and_decide(incumbent, runnable, knob, stage)
 
     def screen_and_decide(self, incumbent: dict[str, Any], cands: list[dict[str, Any]], knob: str, stage: str) -> dict[str, Any]:
-        """Screen ``cands`` against ``incumbent``, confirm the best, and return the adopted settings."""
+        """Screen ``cands`` against ``incumbent``, confirm the most promising, and return the adopted settings."""
         ref, screens = self._screen(incumbent, cands, stage, knob)
         return self._decide(incumbent, knob, stage, ref, screens)
 
     def _screen(self, incumbent: dict[str, Any], cands: list[dict[str, Any]], stage: str, knob: str):
-        """One fresh run of the incumbent and of each candidate; point speedups only."""
-        ref = self.broker.trial(incumbent, stage=stage, knob=knob, role="screen", tag="incumbent")
+        """One session of the incumbent and every candidate; point speedups only."""
+        [session] = self.broker.sessions([SessionAsk([incumbent, *cands], stage, knob, "screen", "screen")])
+        ref = session.arms[0]
         if not ref.ok:
             raise SearchFailed(f"the incumbent failed while screening {knob} ({ref.status}: {ref.error}); log: {ref.log_path}")
-        screens = []
-        for settings in cands:
-            r = self.broker.trial(settings, stage=stage, knob=knob, role="screen", tag="candidate")
-            sp = (r.samples_per_s / ref.samples_per_s) if r.ok and r.samples_per_s else None
-            screens.append((settings, r, sp))
+        screens = [(settings, session.arms[i + 1], session.ratio(i + 1, 0)) for i, settings in enumerate(cands)]
         return ref, screens
 
+    def _confirm(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str, family: int) -> Confirmation:
+        rule = self.rule or SequentialRule.from_measure(self.measure, family=family)
+        # A rule that cannot say when it next may stop gets its pairs one at a time.
+        planned = getattr(rule, "next_look", lambda n: n + 1)
+        pairs = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="confirm", planned=planned)
+        return confirm(pairs, rule, self.pairs)
+
+    def _holdout(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str):
+        """Fresh pairs measured after an ``improved`` verdict, for an unbiased speedup (None if one failed)."""
+        n = holdout_pairs(self.measure.confidence, self.measure.interval)
+        nxt = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="holdout", planned=lambda i: n)
+        pairs = [nxt(i) for i in range(n)]
+        if not all(p.candidate.ok and p.incumbent.ok for p in pairs):
+            return None, pairs
+        logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
+        return holdout_estimate(logs, self.measure.confidence, self.measure.interval), pairs
+
     def _decide(self, incumbent: dict[str, Any], knob: str, stage: str, ref: TrialResult, screens) -> dict[str, Any]:
-        """Turn screens into decisions, confirm the most promising, adopt it if improved."""
-        threshold = 1.0 + self.min_speedup
-        viable = [(s, r, sp) for s, r, sp in screens if sp is not None]
-        best = max(viable, key=lambda t: t[2]) if viable else None
-        adopted = incumbent
-        for settings, r, sp in screens:
+        """Turn screens into decisions, confirm the most promising, adopt the best improved one.
+
+        The screen only chooses what to confirm (the best candidates not clearly slower):
+        each confirmation runs on fresh pairs under the sequential rule, which shares the
+        knob's error budget among the candidates confirmed. An improved change's reported
+        speedup comes from further fresh pairs that took no part in the verdict.
+        """
+        selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
+        improved: list[tuple[float, Decision, dict[str, Any]]] = []
+        for index, (settings, r, sp) in enumerate(screens):
             d = Decision(
                 knob=knob,
                 stage=stage,
@@ -103,37 +130,58 @@ class KnobStage:
             )
             if knob == "batch_size":
                 d.extra["grad_accum"] = settings["grad_accum"]
+            self.decisions.append(d)
             if not r.ok:
                 d.verdict, d.reason = r.status, r.error or r.status
-            elif best is None or settings is not best[0] or sp <= threshold:
-                d.verdict = "screened-out"
-                d.reason = f"screened at {sp:.3f}x; " + (
-                    f"below the {threshold:.2f}x needed to confirm" if sp <= threshold else "another candidate screened faster"
-                )
-            else:
-                # Fresh pairs only: the candidate was chosen *because* its screen looked good,
-                # and reusing that run would bias the verdict upwards.
-                conf = confirm(self.broker.pairs(incumbent, settings, stage=stage, knob=knob), self.rule, self.pairs)
-                d.verdict, d.reason = conf.verdict, conf.reason
-                if conf.interval is not None:
-                    iv = conf.interval
-                    d.speedup, d.ci, d.n_pairs, d.coverage = iv.speedup, [iv.low, iv.high], iv.n, iv.coverage
-                    d.before_samples_per_s = _median([x.samples_per_s for x in conf.incumbent])
-                    d.after_samples_per_s = _median([x.samples_per_s for x in conf.candidate])
-                    d.before_peak_memory_bytes = max((x.peak_memory_bytes or 0) for x in conf.incumbent) or None
-                    d.after_peak_memory_bytes = max((x.peak_memory_bytes or 0) for x in conf.candidate) or None
-                    if knob == "compile":
-                        # The compile time charged is the largest seen (normally the screen's,
-                        # which ran with a cold compiler cache): the first production run on a
-                        # new machine pays the cold cost.
-                        compile_s = max(x.compile_s or 0.0 for x in [r, *conf.candidate])
-                        step_inc = _median([x.step_time_s for x in conf.incumbent])
-                        judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
-                if d.verdict == "improved":
-                    d.kept = True
-                    adopted = settings
-            self.decisions.append(d)
-        return adopted
+                continue
+            if index not in selection.indices:
+                d.verdict, d.reason = "screened-out", selection.reasons[index]
+                continue
+            # Fresh pairs only: the candidate was chosen *because* its screen looked good,
+            # and reusing that run would bias the verdict upwards.
+            conf = self._confirm(incumbent, settings, knob, stage, selection.family)
+            d.verdict, d.reason = conf.verdict, conf.reason
+            d.extra["confirmed_with"] = selection.family
+            if conf.interval is None:
+                continue
+            iv = conf.interval
+            d.speedup, d.ci, d.n_pairs, d.coverage = iv.speedup, [iv.low, iv.high], iv.n, iv.coverage
+            d.extra["decision_interval"] = {"speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
+            self._figures(d, conf.incumbent, conf.candidate)
+            if knob == "compile":
+                # The compile time charged is the largest seen (normally the screen's,
+                # which ran with a cold compiler cache): the first production run on a
+                # new machine pays the cold cost.
+                compile_s = max(x.compile_s or 0.0 for x in [r, *conf.candidate])
+                step_inc = _median([x.step_time_s for x in conf.incumbent])
+                judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
+            if d.verdict != "improved":
+                continue
+            est, held = self._holdout(incumbent, settings, knob, stage)
+            if est is None:
+                d.reason += "; the held-out pairs failed, so the figure is the deciding interval's (may run high)"
+                improved.append((iv.speedup, d, settings))
+                continue
+            d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
+            d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
+            self._figures(d, [p.incumbent for p in held], [p.candidate for p in held])
+            d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
+            improved.append((est.speedup, d, settings))
+        if not improved:
+            return incumbent
+        best = max(improved, key=lambda t: t[0])
+        best[1].kept = True
+        for _, d, _ in improved:
+            if d is not best[1]:
+                d.reason += f"; not kept: {knob}={best[1].to_value} was faster"
+        return best[2]
+
+    @staticmethod
+    def _figures(d: Decision, inc: list[TrialResult], cand: list[TrialResult]) -> None:
+        d.before_samples_per_s = _median([x.samples_per_s for x in inc])
+        d.after_samples_per_s = _median([x.samples_per_s for x in cand])
+        d.before_peak_memory_bytes = max((x.peak_memory_bytes or 0) for x in inc) or None
+        d.after_peak_memory_bytes = max((x.peak_memory_bytes or 0) for x in cand) or None
 
 
 def median_rate(results: list[TrialResult]) -> float | None:

@@ -52,7 +52,7 @@ class FakeRunner:
         for (knob, value), factor in self.effects.items():
             if s.get(knob) == value:
                 speed *= factor
-        if request.trial_id.startswith("confirm/final/") and "/candidate/" in request.trial_id:
+        if request.trial_id.startswith("final/final/") and "/arm1/" in request.trial_id:
             speed *= self.final_factor
         speed *= math.exp(self.rng.gauss(0, self.noise))
         return TrialResult(
@@ -240,7 +240,7 @@ def test_a_failed_final_trial_keeps_the_baseline(tmp_path):
     original = runner.run
 
     def crash_in_final(request, log_path, timeout_s):
-        if request.trial_id.startswith("confirm/final/") and request.settings["amp"] == "bf16":
+        if request.trial_id.startswith("final/final/") and request.settings["amp"] == "bf16":
             return TrialResult(status="crashed", settings=request.settings, error="fake crash", env={"device_type": "cpu"})
         return original(request, log_path, timeout_s)
 
