@@ -82,7 +82,7 @@ def test_real_oom_in_the_batch_search_means_does_not_fit(tmp_path, cli_env):
         baseline={"batch_size": 64, "threads": 1},
         search={"batch_size": {"max": 4096, "max_candidates": 1}},
         limits={"memory_gb": 2.0},
-        measure={"pairs": 3, "max_pairs": 3},
+        measure={"pairs": 3, "max_pairs": 4},
     )
     proc, doc, out = run_search(tmp_path, spec, cli_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
