@@ -29,7 +29,7 @@ from trainopt.protocol import SCHEMA_VERSION, TrialResult
 
 from trainopt.errors import UserError
 
-__all__ = ["TrialStore", "SpecChangedError", "StorageError", "default_storage_url", "masked_url", "open_storage"]
+__all__ = ["TrialStore", "SpecChangedError", "StorageError", "default_storage_url", "masked_url", "open_storage", "storage_problem"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 logging.getLogger("optuna").setLevel(logging.WARNING)
