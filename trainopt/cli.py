@@ -204,7 +204,7 @@ def cmd_search(args) -> int:
     from trainopt.progress import ConsoleProgress
     from trainopt.runner import SubprocessRunner
     from trainopt.search import Search, SearchFailed
-    from trainopt.store import TrialStore, default_storage_url
+    from trainopt.store import TrialStore, default_storage_url, masked_url
     from trainopt.workspace import OutputFolder, default_folder
 
     spec = _load(args.spec)
@@ -213,6 +213,8 @@ def cmd_search(args) -> int:
     with OutputFolder(out) as folder:
         url = args.storage or default_storage_url(folder.path)
         store = TrialStore(url, spec.name, spec.fingerprint(), fresh=args.fresh)
+        # Where the Optuna study is, so optuna-dashboard (or a resume) can find it; never the password.
+        storage = {"url": masked_url(url), "study": spec.name}
         if store.stale:
             print(f"trainopt: {store.stale} trial(s) left running by an interrupted search will be run again", file=sys.stderr)
         if args.fresh:
@@ -221,6 +223,7 @@ def cmd_search(args) -> int:
         progress = ConsoleProgress(quiet=args.quiet)
 
         def checkpoint(doc):
+            doc["storage"] = storage
             _write_all(folder.path, doc, resolved, report=doc["complete"])
 
         runner = SubprocessRunner()
@@ -237,7 +240,7 @@ def cmd_search(args) -> int:
             # The trial in flight was stopped by the runner; everything finished is in the store.
             from trainopt.results import build_results
 
-            _write_all(folder.path, build_results(search.state, complete=False), resolved)
+            _write_all(folder.path, {**build_results(search.state, complete=False), "storage": storage}, resolved)
             print(
                 f"\ntrainopt: interrupted; {search.ran} trial(s) finished this time are saved. "
                 f"Run the same command again to resume.",
@@ -248,6 +251,8 @@ def cmd_search(args) -> int:
             progress.close()
             executor.close()
     print(_summary(doc))
+    if args.storage:
+        print(f"store: study {storage['study']!r} in {storage['url']}")
     report = folder.path / "report.html"
     print(f"results: {folder.path / 'results.json'}")
     if report.exists():
@@ -300,7 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("search", help="change one knob at a time and keep only confirmed speedups")
     s.add_argument("spec")
     s.add_argument("--out", help="output folder (default runs/<name>)")
-    s.add_argument("--storage", help="Optuna RDB URL for the trial store (default: SQLite in the output folder)")
+    s.add_argument(
+        "--storage",
+        metavar="URL",
+        help="where the trials' Optuna study is kept: an SQLAlchemy URL such as "
+        "postgresql+psycopg2://USER:PASSWORD@HOST/DB (needs trainopt[postgres]); default: SQLite in the output folder",
+    )
     s.add_argument("--fresh", action="store_true", help="discard stored trials and start over")
     s.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     s.set_defaults(func=cmd_search)

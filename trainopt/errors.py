@@ -3,7 +3,7 @@
 The CLI answers any ``UserError`` with ``render()`` and exit code 2, never a traceback;
 anything else is a bug in trainopt and keeps its traceback. Every module's own user
 error subclasses it: ``SpecError`` (spec.py), ``WorkloadError`` (reference.py),
-``ResultsError`` (results.py), ``SpecChangedError`` (store.py), ``OutputFolderError``
+``ResultsError`` (results.py), ``SpecChangedError`` and ``StorageError`` (store.py), ``OutputFolderError``
 (workspace.py), ``SchemaVersionError`` (protocol.py), ``SettingsError`` (settings.py),
 ``ExportError`` (export.py).
 """

@@ -5,23 +5,31 @@ This is the only module that imports Optuna. Each trial has a deterministic ``ke
 so re-running an interrupted search reuses every finished trial and redoes at most the
 one that was in flight. Trials are created with ``ask`` and closed with ``tell``, so
 several worker processes could later share one study through an RDB URL.
+
+The study lives wherever its SQLAlchemy URL points: an SQLite file in the output folder
+by default, or a PostgreSQL database (``--storage postgresql+psycopg2://...``) that
+optuna-dashboard can read while the search runs. A URL that cannot be used is a
+``StorageError`` naming the URL with its password masked and how to fix it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
 
 from trainopt.protocol import SCHEMA_VERSION, TrialResult
 
 from trainopt.errors import UserError
 
-__all__ = ["TrialStore", "SpecChangedError", "default_storage_url"]
+__all__ = ["TrialStore", "SpecChangedError", "StorageError", "default_storage_url", "masked_url", "open_storage", "storage_problem"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 logging.getLogger("optuna").setLevel(logging.WARNING)
@@ -31,9 +39,107 @@ class SpecChangedError(UserError):
     """The stored search was made from a different spec."""
 
 
+class StorageError(UserError):
+    """The trial store's URL is malformed, its driver is missing or its database cannot be reached."""
+
+
+ALLOWED = (
+    "sqlite:///PATH (the default: trials.db in the output folder) or "
+    "postgresql+psycopg2://USER:PASSWORD@HOST[:PORT]/DATABASE (a socket folder as ?host=/DIR)"
+)
+POSTGRES_EXTRA = 'pip install "trainopt[postgres]"'
+# Seconds to wait for a database server: an unreachable host should fail the search
+# at once with a message, not hang for the operating system's TCP timeout.
+CONNECT_TIMEOUT_S = 10
+
+# The password between "scheme://user:" and the last "@", and a ``password=`` query value.
+# Greedy to the last "@" so a password with an unescaped "@" is masked whole; masking
+# too much is harmless, showing a password is not.
+_USERINFO_PASSWORD = re.compile(r"^([^:/@?]*://[^:/@?]*):.*@(?=[^@]*$)")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+
+
 def default_storage_url(out_dir: Path) -> str:
     """An SQLite file inside the output folder."""
     return f"sqlite:///{(Path(out_dir) / 'trials.db').resolve()}"
+
+
+def masked_url(url: str) -> str:
+    """``url`` as typed, with any password replaced by ``***`` (also for a URL that does not parse)."""
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's own first line of an error (SQLAlchemy wraps it as ``exc.orig``)."""
+    inner = getattr(exc, "orig", None) or exc
+    text = str(inner).strip().splitlines()
+    return text[0].strip() if text else type(inner).__name__
+
+
+def _driver_hint(url: str, missing: str) -> str:
+    """How to install the database driver module ``missing`` that ``url`` needs."""
+    if missing.split(".")[0] == "psycopg2":
+        return POSTGRES_EXTRA
+    if missing.split(".")[0] == "psycopg":
+        # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, which the extra does not install.
+        return f"write the URL as postgresql+psycopg2://... and {POSTGRES_EXTRA}, or pip install psycopg"
+    return f"pip install {missing.split('.')[0]} (the driver named after '+' in the URL)"
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The module whose import failed somewhere in ``exc``'s chain, if any."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, ModuleNotFoundError) and seen.name:
+            return seen.name
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def storage_problem(url: str, exc: BaseException) -> str:
+    """The user's message for an error raised while opening the store at ``url``.
+
+    Args:
+        url: The storage URL as given (shown with its password masked).
+        exc: What SQLAlchemy, the driver or Optuna raised.
+    """
+    shown = masked_url(url)
+    if isinstance(exc, sqlalchemy.exc.NoSuchModuleError):
+        return f"--storage {shown}: unknown database or driver; use {ALLOWED}"
+    if isinstance(exc, sqlalchemy.exc.ArgumentError):
+        return f"--storage {shown}: not a database URL; use {ALLOWED}"
+    if isinstance(exc, ImportError):
+        missing = _missing_module(exc) or "the database driver"
+        return f"--storage {shown}: the driver {missing!r} is not installed; {_driver_hint(url, missing)}"
+    if isinstance(exc, sqlalchemy.exc.OperationalError) and url.startswith("sqlite"):
+        return f"--storage {shown}: cannot open: {_first_line(exc)}; check that its folder exists and is writable"
+    if isinstance(exc, sqlalchemy.exc.OperationalError):
+        return (
+            f"--storage {shown}: cannot connect: {_first_line(exc)}; check that the server is running and that the "
+            f"host, port, user, password and database exist (PostgreSQL: createdb DATABASE), or leave out --storage "
+            f"to keep the trials in the output folder"
+        )
+    if isinstance(exc, sqlalchemy.exc.SQLAlchemyError):
+        return f"--storage {shown}: the database refused the trial store: {_first_line(exc)}; check the user's rights on it"
+    # Optuna's RuntimeError for a study schema written by another Optuna version says how to upgrade it.
+    return f"--storage {shown}: {_first_line(exc)}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Connect to the Optuna storage at ``url``, creating its tables if needed.
+
+    Raises:
+        StorageError: Malformed URL, unknown database, missing driver, unreachable server,
+            or refused access.
+    """
+    engine_kwargs: dict[str, Any] = {}
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, RuntimeError) as exc:
+        raise StorageError(storage_problem(url, exc)) from None
 
 
 class TrialStore:
@@ -50,7 +156,7 @@ class TrialStore:
     def __init__(self, url: str, study_name: str, spec_fingerprint: str, fresh: bool = False):
         self.url = url
         self.study_name = study_name
-        storage = optuna.storages.RDBStorage(url)
+        storage = open_storage(url)
         self.storage = storage
         existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
         if study_name in existing and fresh:
@@ -63,8 +169,9 @@ class TrialStore:
             self.study.set_user_attr("schema_version", SCHEMA_VERSION)
         elif stored != spec_fingerprint:
             raise SpecChangedError(
-                f"the stored search {study_name!r} in {url} was made from a different spec "
-                f"(stored {stored}, now {spec_fingerprint}); use --fresh to start over or another --out"
+                f"the stored search {study_name!r} in {masked_url(url)} was made from a different spec "
+                f"(stored {stored}, now {spec_fingerprint}); use --fresh to start over, or another --out "
+                f"(with --storage: another spec name or another --storage)"
             )
         self.stale = self._retire_stale()
         self._done: dict[str, TrialResult] = {}
