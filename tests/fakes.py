@@ -28,7 +28,7 @@ from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.session import SessionResult
 
 
-__all__ = ["FakeRunner", "SessionResult", "noise_draw"]
+__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "noise_draw"]
 
 ENV = {"device_type": "cpu", "device_name": "fake", "torch": "fake"}
 
@@ -145,3 +145,32 @@ class FakeRunner:
         rounds = 6
         order = [order_rng.sample(range(len(requests)), len(requests)) for _ in range(rounds)]
         return SessionResult(arms=arms, mode="interleaved", rounds=rounds, order=order, note="fake session", wall_s=0.0)
+
+
+class _Handle:
+    def __init__(self, number: int):
+        self.number = number
+
+
+class MemoryStore:
+    """The ``TrialStore`` interface kept in a dict: for simulations that run the search thousands of times."""
+
+    def __init__(self):
+        self.stale = 0
+        self._done: dict[str, TrialResult] = {}
+        self._records: list[dict[str, Any]] = []
+        self._next = 0
+
+    def lookup(self, key: str) -> TrialResult | None:
+        return self._done.get(key)
+
+    def begin(self, key: str, meta: dict[str, Any]) -> _Handle:
+        self._next += 1
+        return _Handle(self._next - 1)
+
+    def finish(self, handle: _Handle, key: str, meta: dict[str, Any], result: TrialResult) -> None:
+        self._done[key] = result
+        self._records.append({"number": handle.number, "key": key, **meta, "result": result})
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self._records)
