@@ -116,17 +116,19 @@ class FakeRunner:
                 return TrialResult(status=status, settings=s, mode=request.mode, error=f"fake {status}", env=ENV)
         return None
 
-    def _measured(self, request: TrialRequest, speed: float) -> TrialResult:
+    def _measured(self, request: TrialRequest, speed: float, windows: list[float] | None = None) -> TrialResult:
         s = request.settings
         batch = s.get("batch_size", 1)
-        if self.window_sd > 0:
+        if windows is not None:
+            pass
+        elif self.window_sd > 0:
             windows = [speed * math.exp(noise_draw(self.rng, self.window_sd, self.tail)) for _ in range(self.n_windows)]
         else:
             windows = [speed] * self.n_windows
         return TrialResult(
             status="ok", settings=s, mode="measure", samples_per_s=speed, windows=windows, window_steps=10,
             step_time_s=batch / speed, data_wait_fraction=0.05, peak_memory_bytes=batch * 2**20,
-            env=ENV, dataset_len=4096, steps=10 * self.n_windows,
+            env=ENV, dataset_len=4096, steps=10 * len(windows),
         )
 
     def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:

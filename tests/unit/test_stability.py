@@ -6,23 +6,18 @@ import math
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from scipy.stats import beta
 
 from tests.conftest import ROOT
-from tests.fakes import FakeRunner, noise_draw
-from trainopt.plan import settings_hash
-from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.session import SessionResult, round_orders
+from tests.fakes import FakeRunner
+from tests.loaded import LoadedMachine, drive_guard, hog, request
+from trainopt.protocol import TrialResult
+from trainopt.session import SessionResult
 from trainopt.stability import Check, Observation, StabilityGuard, final_disagreement, observe, window_noise
 
 POINT_KEYS = {"t_s", "stage", "knob", "role", "samples_per_s", "noise", "stable", "retry", "reason"}
-
-
-def request(settings):
-    return TrialRequest(spec={}, source_dir=".", settings=settings, mode="measure", result_path="/nonexistent")
 
 
 def obs(level, noise=0.07, *, t_s=0.0, h="inc", stage="input", knob="num_workers", role="confirm", wall_s=10.0, where=""):
@@ -42,83 +37,9 @@ def feed(guard, levels, noise=0.07, h="inc", t0=0.0):
     return t
 
 
-# ---- simulated searches ------------------------------------------------------------------------
-
-
-def run_guarded(guard, make_session, sessions, *, arms_of=lambda i: 2 if i % 6 else 4, stage_len=6):
-    """Drive the guard the way the search does: judge each session, re-run an unstable one.
-
-    Every ``stage_len`` sessions a new incumbent takes over (a kept change: a new settings
-    hash); each stage starts with a multi-arm screen, then pair sessions.
-
-    Returns:
-        ``(first attempts judged unstable, sessions whose last attempt stayed unstable)``.
-    """
-    t = 0.0
-    first_unstable = marked = 0
-    for i in range(sessions):
-        stage = i // stage_len
-        incumbent = {"stage": stage, "amp": "off"}
-        requests = [request(incumbent)] + [request({"stage": stage, "amp": f"c{k}"}) for k in range(arms_of(i) - 1)]
-        retry = 0
-        while True:
-            session, t = make_session(requests, i * 1000 + retry, t)
-            o = observe(session, 0, t_s=t, stage=f"s{stage}", knob="amp", role="screen" if len(requests) > 2 else "confirm",
-                        settings_hash=settings_hash(incumbent))
-            c = guard.check(o)
-            final = c.stable or retry == guard.max_retries
-            guard.record(o, c, retry=retry, final=final)
-            if retry == 0 and not c.stable:
-                first_unstable += 1
-            if final:
-                marked += not c.stable
-                break
-            retry += 1
-            t += guard.settle_s
-    return first_unstable, marked
-
-
-def fake_sessions(runner, rounds=8, window_s=1.0):
-    def make(requests, seed, t):
-        s = runner.run_session(requests, [], 60.0, seed)
-        s.wall_s = len(requests) * rounds * window_s
-        return s, t + s.wall_s
-
-    return make
-
-
 def upper_bound(k, n, confidence=0.95):
     """One-sided Clopper-Pearson upper confidence bound of a rate seen k times in n."""
     return 1.0 if k == n else float(beta.ppf(confidence, k + 1, n - k))
-
-
-def hog_sessions(rng, *, on_s, off_s, slow, window_sd=0.07, arm_sd=0.05, session_sd=0.1, rounds=8, base=1000.0):
-    """Sessions on a machine where a CPU hog runs ``on_s`` seconds in every ``on_s + off_s``.
-
-    Each window has a fixed number of samples and takes 1 s at full speed; while the hog
-    runs, the arm goes at ``slow`` times its speed (so its windows also take longer). Arms
-    alternate windows in randomised rounds, as an interleaved session does.
-    """
-    period = on_s + off_s
-    phase = rng.uniform(0, period)
-
-    def make(requests, seed, t):
-        start = t
-        shared = noise_draw(rng, session_sd)
-        speeds = [base * math.exp(shared + noise_draw(rng, arm_sd)) for _ in requests]
-        windows: list[list[float]] = [[] for _ in requests]
-        for order in round_orders(len(requests), rounds, seed):
-            for i in order:
-                speed = speeds[i] * math.exp(noise_draw(rng, window_sd))
-                hogged = (t + phase) % period < on_s
-                w = speed * (slow if hogged else 1.0)
-                windows[i].append(w)
-                t += base / w
-        arms = [TrialResult(status="ok", settings=r.settings, samples_per_s=len(ws) / sum(1 / w for w in ws), windows=ws)
-                for r, ws in zip(requests, windows)]
-        return SessionResult(arms=arms, mode="interleaved", rounds=rounds, wall_s=t - start), t
-
-    return make
 
 
 # ---- observe -------------------------------------------------------------------------------------
@@ -284,58 +205,62 @@ def test_the_guard_module_does_not_import_torch():
 SESSIONS = 1500
 
 
+def test_the_fake_runner_scatters_windows_when_asked():
+    plain = FakeRunner(seed=1).run_session([request({"a": 1})], [], 60, seed=0)
+    assert plain.arms[0].windows == [plain.arms[0].samples_per_s] * 4
+    runner = FakeRunner(window_sd=0.1, windows=8, seed=1)
+    noises = [observe(runner.run_session([request({"a": 1}), request({"a": 2})], [], 60, seed=i), 0, t_s=0, stage="s",
+                      knob="k", role="confirm", settings_hash="h").noise for i in range(300)]
+    assert len(runner.sessions[0][0].settings) == 1 and len(runner.run_session([request({})], [], 60, 0).arms[0].windows) == 8
+    # The trimmed spread of eight windows reads a little under their sd.
+    assert 0.06 < sum(noises) / len(noises) < 0.1
+
+
 @pytest.mark.parametrize("window_sd", [0.05, 0.1])
 def test_ordinary_noise_almost_never_trips_the_guard(window_sd):
     # The machine as measured here: session-to-session level sd about 0.1, a persistent
     # per-arm offset, windows scattered by 5-10 %.
     runner = FakeRunner(session_sd=0.1, arm_sd=0.05, window_sd=window_sd, windows=8, seed=11)
-    guard = StabilityGuard()
-    first_unstable, marked = run_guarded(guard, fake_sessions(runner), SESSIONS)
+    first_unstable, marked = drive_guard(StabilityGuard(), runner, SESSIONS)
     # With 95 % confidence the rate of needless re-runs is under 1.5 % per session, and
     # a verdict is (almost) never marked unstable on an ordinary machine.
     assert upper_bound(first_unstable, SESSIONS) < 0.015, first_unstable
     assert upper_bound(marked, SESSIONS) < 0.003, marked
 
 
-def test_heavy_tailed_ordinary_noise_rarely_trips_the_guard():
-    runner = FakeRunner(session_sd=0.1, arm_sd=0.05, window_sd=0.07, windows=8, tail="t3", seed=12)
-    first_unstable, marked = run_guarded(StabilityGuard(), fake_sessions(runner), SESSIONS)
-    assert upper_bound(first_unstable, SESSIONS) < 0.03, first_unstable
-    assert upper_bound(marked, SESSIONS) < 0.005, marked
+@pytest.mark.parametrize("tail", ["t3", "contaminated"])
+def test_heavy_tailed_ordinary_noise_rarely_trips_the_guard(tail):
+    runner = FakeRunner(session_sd=0.1, arm_sd=0.05, window_sd=0.07, windows=8, tail=tail, seed=12)
+    first_unstable, marked = drive_guard(StabilityGuard(), runner, SESSIONS)
+    assert upper_bound(first_unstable, SESSIONS) < 0.02, first_unstable
+    assert upper_bound(marked, SESSIONS) < 0.003, marked
 
 
 @pytest.mark.parametrize("on_s, off_s, slow, caught", [(5.0, 7.0, 0.5, 0.75), (5.0, 7.0, 0.33, 0.9), (3.0, 6.0, 0.5, 0.6)])
 def test_a_cpu_hog_that_comes_and_goes_trips_the_guard(on_s, off_s, slow, caught):
     # A hog on a 2-core machine takes half of the CPU or more while it runs; present all
     # through the search, it never shows as a jump, only as windows no steady machine scatters so.
-    rng = random.Random(3)
     sessions = 200
-    first_unstable, marked = run_guarded(StabilityGuard(), hog_sessions(rng, on_s=on_s, off_s=off_s, slow=slow), sessions)
+    machine = LoadedMachine(load=hog(on_s, off_s, slow, phase=2.0), seed=3)
+    first_unstable, marked = drive_guard(StabilityGuard(), machine, sessions)
     assert first_unstable / sessions >= caught
     # Re-runs hit the same hog: many verdicts stay marked.
     assert marked / sessions >= 0.25
 
 
 def test_the_same_machine_without_the_hog_stays_quiet():
-    # The control of the test above: the same session model with the hog never on.
-    rng = random.Random(3)
+    # The control of the test above: the same sessions with the hog never on.
     sessions = 600
-    first_unstable, marked = run_guarded(StabilityGuard(), hog_sessions(rng, on_s=0.0, off_s=12.0, slow=0.5), sessions)
+    first_unstable, marked = drive_guard(StabilityGuard(), LoadedMachine(seed=3), sessions)
     assert upper_bound(first_unstable, sessions) < 0.02 and marked == 0
 
 
 def test_a_burst_of_load_is_re_run_and_recorded_as_a_period():
-    """Quiet, then a minute of heavy load, then quiet: the sessions in the burst are re-run."""
-    rng = random.Random(5)
-    quiet = hog_sessions(rng, on_s=0.0, off_s=1.0, slow=1.0)
-
-    def make(requests, seed, t):
-        if 300.0 <= t < 360.0:  # the burst: everything at a third of the speed, in bursts
-            return hog_sessions(rng, on_s=2.0, off_s=2.0, slow=0.33)(requests, seed, t)
-        return quiet(requests, seed, t)
-
+    """Quiet, then a minute of load coming and going, then quiet: the sessions in the burst are re-run."""
+    burst = hog(2.0, 2.0, 0.33)
+    machine = LoadedMachine(load=lambda t: burst(t) if 300.0 <= t < 360.0 else 1.0, seed=5)
     guard = StabilityGuard(settle_s=30.0)
-    first_unstable, marked = run_guarded(guard, make, 40)
+    first_unstable, marked = drive_guard(guard, machine, 40)
     d = guard.to_dict()
     assert first_unstable >= 1 and d["retries"] >= 1
     assert d["unstable_periods"] and all(300.0 - 60 <= a <= b <= 360.0 + 60 for a, b in d["unstable_periods"])
