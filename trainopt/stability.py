@@ -194,6 +194,9 @@ class StabilityGuard:
         noise_ceiling: Noise beyond which a session is unstable whatever came before: load
             that comes and goes all through a search never shows as a jump, but it scatters
             the windows far more than a steady machine does (window noise of 5-15 %).
+        history: How many of the latest stable sessions form a level (and, times three,
+            the usual noise): a slow drift over a long search moves the reference along,
+            a burst of load does not.
         persist: After this many consecutive sessions of one incumbent at a shifted but
             consistent level (and with ordinary noise), the shift is taken as the machine's
             new level rather than re-run forever.
@@ -211,14 +214,15 @@ class StabilityGuard:
         noise_floor: float = 0.08,
         min_noise_history: int = 3,
         noise_ceiling: float = 0.2,
+        history: int = 12,
         persist: int = 3,
     ):
         if max_retries < 0 or settle_s < 0:
             raise ValueError(f"max_retries ({max_retries}) and settle_s ({settle_s}) must be >= 0")
-        if min_history < 2 or min_noise_history < 1 or persist < 2:
+        if min_history < 2 or min_noise_history < 1 or persist < 2 or history < min_history:
             raise ValueError(
                 f"min_history ({min_history}) must be >= 2, min_noise_history ({min_noise_history}) >= 1, "
-                f"persist ({persist}) >= 2"
+                f"persist ({persist}) >= 2 and history ({history}) >= min_history"
             )
         self.max_retries = max_retries
         self.settle_s = settle_s
@@ -229,6 +233,7 @@ class StabilityGuard:
         self.noise_floor = noise_floor
         self.min_noise_history = min_noise_history
         self.noise_ceiling = noise_ceiling
+        self.history = history
         self.persist = persist
         self.points: list[dict[str, Any]] = []
         # Per (settings_hash, where): log levels of the stable sessions, and of the
@@ -255,7 +260,7 @@ class StabilityGuard:
         return agree and abs(math.log(obs.incumbent_samples_per_s) - centre) <= self.level_limit * sd
 
     def _level_reason(self, obs: Observation) -> str:
-        history = self._levels.get(self._key(obs), [])
+        history = self._levels.get(self._key(obs), [])[-self.history:]
         if obs.incumbent_samples_per_s is None or len(history) < self.min_history:
             return ""
         if self._new_level(obs):
@@ -280,7 +285,7 @@ class StabilityGuard:
             )
         if len(self._noises) < self.min_noise_history:
             return ""
-        usual = statistics.median(self._noises)
+        usual = statistics.median(self._noises[-3 * self.history:])
         if obs.noise <= self.noise_floor or obs.noise <= self.noise_ratio * usual:
             return ""
         return (

@@ -297,3 +297,12 @@ def test_a_kept_change_without_an_interval_counts_at_its_speedup():
     final = {"speedup": 1.2, "ci": [1.1, 1.3], "baseline_samples_per_s": 1000.0}
     assert final_disagreement(final, [{"speedup": 2.0, "ci": None}], 1000.0) is not None
     assert final_disagreement(final, [{"speedup": 1.25, "ci": None}], 1000.0) is None
+
+
+def test_a_slow_drift_moves_the_level_along_and_a_jump_does_not():
+    guard = StabilityGuard(history=6)
+    # Throughput sinks 2 % per session: after 40 sessions it is at 44 % of the start.
+    levels = [1000.0 * 0.98**i for i in range(40)]
+    feed(guard, levels)
+    assert not guard.check(obs(1000.0)).stable
+    assert not guard.check(obs(levels[-1] * 0.5)).stable
