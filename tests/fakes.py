@@ -10,6 +10,11 @@ Throughput is ``base x effect(settings) x noise``. The effect table says, for ea
   per-arm draw of ``arm_sd`` (each live process's persistent offset), so the log-ratio of
   two arms in one session has sd ``arm_sd * sqrt(2)``.
 
+With ``window_sd`` > 0 each measured trial or arm also reports ``windows`` timed
+windows scattered around its throughput (log-scale sd ``window_sd``; the throughput
+itself is unchanged by them); by default every window equals the throughput and no
+extra draw is taken, so seeded runs stay as they were.
+
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
 (``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
@@ -60,6 +65,8 @@ class FakeRunner:
         process_sd: Log-scale noise of a single fresh trial (``run``).
         arm_sd: Log-scale per-arm noise inside a session.
         session_sd: Log-scale noise shared by all arms of one session.
+        window_sd: Log-scale noise of each timed window around its trial's throughput.
+        windows: Timed windows per measured trial (or arm).
         tail: Shape of every noise draw.
         fits_up_to: Largest batch size that fits in memory.
         fail: ``{(knob, value): status}``: settings that fail with that status.
@@ -74,6 +81,8 @@ class FakeRunner:
         process_sd: float = 0.1,
         arm_sd: float = 0.05,
         session_sd: float = 0.1,
+        window_sd: float = 0.0,
+        windows: int = 4,
         tail: str = "normal",
         fits_up_to: int = 10**9,
         fail: dict[tuple[str, Any], str] | None = None,
@@ -82,6 +91,7 @@ class FakeRunner:
         self.effects = dict(effects or {})
         self.base = base
         self.process_sd, self.arm_sd, self.session_sd = process_sd, arm_sd, session_sd
+        self.window_sd, self.n_windows = window_sd, windows
         self.tail = tail
         self.fits_up_to = fits_up_to
         self.fail = dict(fail or {})
@@ -106,13 +116,19 @@ class FakeRunner:
                 return TrialResult(status=status, settings=s, mode=request.mode, error=f"fake {status}", env=ENV)
         return None
 
-    def _measured(self, request: TrialRequest, speed: float) -> TrialResult:
+    def _measured(self, request: TrialRequest, speed: float, windows: list[float] | None = None) -> TrialResult:
         s = request.settings
         batch = s.get("batch_size", 1)
+        if windows is not None:
+            pass
+        elif self.window_sd > 0:
+            windows = [speed * math.exp(noise_draw(self.rng, self.window_sd, self.tail)) for _ in range(self.n_windows)]
+        else:
+            windows = [speed] * self.n_windows
         return TrialResult(
-            status="ok", settings=s, mode="measure", samples_per_s=speed, windows=[speed] * 4, window_steps=10,
+            status="ok", settings=s, mode="measure", samples_per_s=speed, windows=windows, window_steps=10,
             step_time_s=batch / speed, data_wait_fraction=0.05, peak_memory_bytes=batch * 2**20,
-            env=ENV, dataset_len=4096, steps=40,
+            env=ENV, dataset_len=4096, steps=10 * len(windows),
         )
 
     def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:

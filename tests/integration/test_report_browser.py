@@ -186,3 +186,17 @@ def test_screenshot_is_not_blank(report, tmp_path):
     assert pixels.shape[:2] == (2400, 1280)
     # A blank or single-colour page has (almost) no spread in its pixel values.
     assert float(pixels[..., :3].std()) > 0.05
+
+
+def test_stability_panel_and_warnings_render_without_console_errors(tmp_path):
+    chromium = find_chromium()
+    from tests.unit.test_report import stability_doc
+
+    report = write_report(tmp_path / "run", stability_doc(reason_text="<i>"))
+    dom, messages = dump_dom(chromium, report, tmp_path)
+    assert messages == []
+    assert re.search(r'<div class="banner warning" id="warnings">', dom)
+    assert "The final check disagrees" in dom and "&lt;i&gt;" in dom
+    panel = re.search(r'<section id="stability">(.*?)</section>', dom, re.S).group(1)
+    assert '<img src="data:image/png;base64,' in panel
+    assert "verdict marked" in panel

@@ -16,6 +16,7 @@ from trainopt.report import speedup_rows, write_report, write_speedups_csv
 from trainopt.report import plots
 from trainopt.report.html import fmt_bytes, fmt_duration, fmt_percent, fmt_rate, fmt_speedup
 from trainopt.report.rows import COLUMNS, FLOAT_COLUMNS, read_speedups_csv
+from trainopt.stability import Observation, StabilityGuard, final_disagreement
 
 TINY = FIXTURES / "results-tiny"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -151,7 +152,49 @@ def compile_doc():
     return doc
 
 
+def stability_doc(reason_text=""):
+    """The fixture with a stability record made by the real guard: a burst of load in the
+    precision stage (one session re-run and then stable, one out of retries), and the final
+    check's warning."""
+    doc = tiny_doc()
+    guard = StabilityGuard(max_retries=2, settle_s=10.0)
+    t = 0.0
+
+    def session(stage, knob, role, h, level, noise, burst=0, burst_noise=0.4):
+        nonlocal t
+        for retry in range(guard.max_retries + 1):
+            t += 6.0
+            bad = retry < burst
+            o = Observation(t_s=t, stage=stage, knob=knob + reason_text, role=role, settings_hash=h,
+                            incumbent_samples_per_s=level * (0.3 if bad else 1.0), noise=burst_noise if bad else noise, wall_s=5.0)
+            c = guard.check(o)
+            final = c.stable or retry == guard.max_retries
+            guard.record(o, c, retry=retry, final=final)
+            if final:
+                return
+            t += guard.settle_s
+
+    for i, level in enumerate((12900.0, 13100.0, 12700.0, 13000.0)):
+        session("batch" + reason_text, "batch_size", "screen" if i == 0 else "confirm", "base", level, 0.05)
+    session("precision", "amp", "screen", "inc64", 23500.0, 0.06)
+    session("precision", "amp", "confirm", "inc64", 23900.0, 0.06)
+    session("precision", "amp", "confirm", "inc64", 23300.0, 0.06)
+    # Re-run once, then stable; then out of retries on a shifted level with ordinary noise.
+    session("precision", "amp", "confirm", "inc64", 23800.0, 0.06, burst=1)
+    session("precision", "amp", "confirm", "inc64", 23600.0, 0.06, burst=3, burst_noise=0.06)
+    session("final", "final", "final", "base", 12200.0, 0.05)
+    doc["stability"] = guard.to_dict()
+    kept = [d for d in doc["decisions"] if d["kept"]]
+    doc["final"]["baseline_samples_per_s"] = 6000.0
+    warning = final_disagreement(doc["final"], kept, doc["baseline"]["samples_per_s"])
+    assert warning is not None
+    doc["warnings"] = [warning + reason_text]
+    return doc
+
+
 VARIANTS = {
+    "stability": (stability_doc, ["Stability", "The final check disagrees", "6,000 samples/s", "12,956 samples/s",
+                                  "verdict marked", "noise-sd below its level", "1 verdict measured on an unstable machine"]),
     "fixture": (tiny_doc, ["Summary", "1.825×", "batch_size", "complete", "Learning rate"]),
     "failures only": (failures_doc, ["out of memory", "crashed", "CUDA out of memory", "logs/0009-screen-batch_size.log", "No change was confirmed as faster", "Out of memory from batch size 192"]),
     "no kept change": (no_kept_doc, ["No change was confirmed as faster", "slower", "no measurable difference", "nothing to accumulate"]),
@@ -274,7 +317,7 @@ def _assert_png(path):
 
 @pytest.mark.parametrize("name", list(plots.PLOTS))
 def test_every_plot_of_the_fixture_is_a_png(tmp_path, name):
-    path = plots.PLOTS[name](tiny_doc(), tmp_path / name)
+    path = plots.PLOTS[name](stability_doc(), tmp_path / name)
     assert path == tmp_path / name
     _assert_png(path)
 
@@ -284,6 +327,8 @@ def test_plots_return_none_when_nothing_to_draw(tmp_path):
     assert plots.waterfall(no_kept_doc(), tmp_path / "w.png") is None
     assert plots.speedup_bars(failed_baseline_doc(), tmp_path / "s.png") is None
     assert plots.window_traces(failed_baseline_doc(), tmp_path / "t.png") is None
+    assert plots.stability_trace(tiny_doc(), tmp_path / "st.png") is None
+    assert plots.stability_trace({**tiny_doc(), "stability": {"points": []}}, tmp_path / "st.png") is None
     assert list(tmp_path.iterdir()) == []
 
 
@@ -393,6 +438,7 @@ def test_a_figure_with_nothing_to_draw_is_removed_from_an_earlier_report(tmp_pat
 def test_report_command_end_to_end(tmp_path, cli_env):
     folder = tmp_path / "run"
     shutil.copytree(TINY, folder)
+    (folder / "results.json").write_text(json.dumps(stability_doc()))
     proc = subprocess.run(
         [sys.executable, "-m", "trainopt", "report", str(folder)], capture_output=True, text=True, env=cli_env, timeout=120
     )
@@ -433,3 +479,61 @@ def test_a_results_file_without_a_recommendation_source_still_renders(tmp_path):
     assert "source" not in doc["best"]
     html = write_report(tmp_path, doc).read_text(encoding="utf-8")
     assert 'id="recommended"' not in html
+
+
+# ---- stability -----------------------------------------------------------------------------
+
+
+def test_the_stability_panel_shows_the_trace_the_noise_table_and_the_counts(tmp_path):
+    doc = stability_doc()
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    panel = re.search(r'<section id="stability">(.*?)</section>', html, re.S).group(1)
+    assert "data:image/png;base64," in panel
+    assert html.count("data:image/png;base64,") == 5
+    counts = re.search(r'<p id="stability-counts">(.*?)</p>', panel, re.S).group(1)
+    assert f"{doc['stability']['retries']} re-runs" in counts and doc["stability"]["retries"] == 3
+    assert "1 verdict measured on an unstable machine" in counts
+    table = re.search(r'<table class="kv" id="noise-by-stage">(.*?)</table>', panel, re.S).group(1)
+    rows = re.findall(r"<tr><td>(.*?)</td><td class=\"num\">(.*?)</td>", table)
+    assert rows == [("batch", "5.0%"), ("precision", "6.0%"), ("final", "5.0%")]
+    unstable = re.search(r'<table id="unstable-sessions">(.*?)</table>', panel, re.S).group(1)
+    assert unstable.count("<tr>") == 1 + 4  # header, and the four unstable attempts
+    assert unstable.count("verdict marked") == 1
+    assert "Unstable periods" in panel
+    # A summary card says so too.
+    assert "1 unstable</span>" in html
+
+
+def test_warnings_are_shown_at_the_top(tmp_path):
+    html = write_report(tmp_path, stability_doc()).read_text(encoding="utf-8")
+    banner = html.index('id="warnings"')
+    assert banner < html.index('<section id="summary">')
+    warning = re.search(r'<div class="banner warning" id="warnings">(.*?)</div>', html, re.S).group(1)
+    assert "The final check disagrees with earlier measurements" in warning
+    assert "quieter machine" in warning
+
+
+def test_stability_text_and_warnings_are_escaped(tmp_path):
+    doc = stability_doc(reason_text=XSS)
+    doc["stability"]["points"][-1]["reason"] = XSS
+    doc["decisions"][0]["extra"]["unstable"] = XSS
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert XSS not in html
+    assert html.count("<script") == 1
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in re.search(r'id="warnings">(.*?)</div>', html, re.S).group(1)
+    assert "Measured while the machine was unstable: &lt;script&gt;" in html
+
+
+def test_results_without_a_stability_record_still_render(tmp_path):
+    doc = tiny_doc()
+    assert "stability" not in doc and "warnings" not in doc
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    panel = re.search(r'<section id="stability">(.*?)</section>', html, re.S).group(1)
+    assert "Not recorded" in panel and "<img" not in panel
+    assert 'id="warnings"' not in html
+    assert not (tmp_path / "plots" / "stability.png").exists()
+    # An empty record (a search stopped before its first session) renders too.
+    doc["stability"] = {"points": [], "unstable_periods": [], "noise_by_stage": {}, "retries": 0, "unstable_verdicts": 0}
+    doc["warnings"] = []
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert "0 sessions; 0 re-runs; no verdict measured on an unstable machine" in html

@@ -223,6 +223,7 @@ def _knob_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
                     "measured": measured,
                     "memory": fmt_bytes(d.get("after_peak_memory_bytes")),
                     "reason": d.get("reason") or "",
+                    "unstable": str(extra["unstable"]) if extra.get("unstable") else "",
                     "log": _log_link(trial.get("log")) if trial else None,
                 }
             )
@@ -286,6 +287,60 @@ def _compile_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+ROLE_TEXT = {"screen": "screen", "confirm": "confirmation", "holdout": "hold-out", "final": "final check"}
+
+
+def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any] | None:
+    """The stability panel, or None for results written before the guard existed."""
+    info = doc.get("stability")
+    if not isinstance(info, dict):
+        return None
+    points = [p for p in info.get("points") or [] if isinstance(p, dict)]
+    noise = info.get("noise_by_stage") if isinstance(info.get("noise_by_stage"), dict) else {}
+    stages = list(dict.fromkeys([str(p.get("stage")) for p in points if p.get("stage") is not None] + [str(k) for k in noise]))
+    rows = []
+    for stage in stages:
+        mine = [p for p in points if str(p.get("stage")) == stage]
+        rows.append(
+            {
+                "stage": stage,
+                "noise": fmt_percent(noise.get(stage)),
+                "sessions": sum(1 for p in mine if not p.get("retry")),
+                "retries": sum(1 for p in mine if p.get("retry")),
+                "unstable": sum(1 for p in mine if p.get("stable") is False),
+            }
+        )
+    unstable = [
+        {
+            "time": fmt_duration(p.get("t_s")),
+            "stage": str(p.get("stage") or ""),
+            "knob": str(p.get("knob") or ""),
+            "role": ROLE_TEXT.get(p.get("role"), str(p.get("role") or "")),
+            "attempt": (p.get("retry") or 0) + 1 if isinstance(p.get("retry"), int) else "",
+            "rate": fmt_rate(p.get("samples_per_s")),
+            "marked": bool(p.get("final")),
+            "reason": str(p.get("reason") or ""),
+        }
+        for p in points
+        if p.get("stable") is False
+    ]
+    periods = [
+        f"{fmt_duration(a)} – {fmt_duration(b)}"
+        for a, b in (x for x in info.get("unstable_periods") or [] if isinstance(x, (list, tuple)) and len(x) == 2)
+    ]
+    return {
+        "image": image,
+        "sessions": sum(1 for p in points if not p.get("retry")),
+        "retries": info.get("retries", 0),
+        "unstable_verdicts": info.get("unstable_verdicts", 0),
+        "max_retries": info.get("max_retries"),
+        "settle": fmt_duration(info.get("settle_s")) if _num(info.get("settle_s")) is not None else None,
+        "noise_rows": rows,
+        "periods": periods,
+        "unstable": unstable,
+    }
 
 
 def _env_rows(env: Any) -> list[tuple[str, str]]:
@@ -445,6 +500,8 @@ def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir:
         "speedups_img": inline.get("speedups.png"),
         "waterfall_img": inline.get("waterfall.png"),
         "windows_img": inline.get("windows.png"),
+        "stability": _stability_section(doc, inline.get("stability.png")),
+        "warnings": [str(w) for w in doc.get("warnings") or [] if w],
         "knobs": _knob_sections(doc),
         "batch": _batch_section(doc, inline.get("batch_size.png")),
         "compile": _compile_rows(doc),

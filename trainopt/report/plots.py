@@ -19,7 +19,7 @@ from trainopt.atomic import write_bytes_atomic
 from trainopt.protocol import FAILED_STATUSES
 from trainopt.report.rows import format_value
 
-__all__ = ["PLOTS", "speedup_bars", "waterfall", "batch_curve", "window_traces"]
+__all__ = ["PLOTS", "speedup_bars", "waterfall", "batch_curve", "window_traces", "stability_trace"]
 
 KEPT = "#2e7d32"
 REJECTED = "#78909c"
@@ -27,6 +27,8 @@ SCREEN_ONLY = "#cfd8dc"
 FAILED = "#c62828"
 ACCENT = "#1565c0"
 MEMORY = "#ef6c00"
+UNSTABLE_SHADE = "#ffcdd2"
+SERIES = ["#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037", "#9e9d24"]
 
 MIB = 1024.0**2
 
@@ -363,10 +365,100 @@ def window_traces(doc: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _stability_series(points: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Points grouped by incumbent (settings hash; by stage in results without one), in time order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for p in points:
+        key = str(p.get("settings_hash") or p.get("stage") or "?")
+        groups.setdefault(key, []).append(p)
+    series = []
+    for key, members in groups.items():
+        stages = list(dict.fromkeys(str(p.get("stage") or "?") for p in members))
+        label = ", ".join(stages)
+        if members[0].get("settings_hash"):
+            label = f"{_short(label, 34)} ({key[:6]})"
+        series.append((_short(label, 48), sorted(members, key=lambda p: p["t_s"])))
+    return series
+
+
+def stability_trace(doc: dict[str, Any], path: Path) -> Path | None:
+    """The incumbent's throughput in every session over the search's wall time, and the window noise.
+
+    One series per incumbent (a kept change starts a new one); attempts the stability
+    guard judged unstable are red crosses, and the periods they span are shaded. The
+    lower panel shows each session's window noise on the same time axis.
+    """
+    info = doc.get("stability")
+    if not isinstance(info, dict):
+        return None
+    points = [
+        p for p in info.get("points") or []
+        if isinstance(p, dict) and _num(p.get("t_s")) is not None
+        and (_num(p.get("samples_per_s")) is not None or _num(p.get("noise")) is not None)
+    ]
+    if not points:
+        return None
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    end = max(float(p["t_s"]) for p in points)
+    minutes = end > 300
+    scale = 60.0 if minutes else 1.0
+    fig = _figure(8.0, 5.2)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.3])
+    for ax in (top, bottom):
+        _style(ax)
+    periods = [
+        (float(a), float(b)) for a, b in (x for x in info.get("unstable_periods") or [] if isinstance(x, (list, tuple)) and len(x) == 2)
+        if _num(a) is not None and _num(b) is not None
+    ]
+    for a, b in periods:
+        for ax in (top, bottom):
+            # A period too short to see at this scale still gets a visible band.
+            ax.axvspan(a / scale, max(b, a + end * 0.004) / scale, color=UNSTABLE_SHADE, alpha=0.6, linewidth=0, zorder=0)
+    handles = []
+    peak = 0.0
+    for i, (label, members) in enumerate(_stability_series(points)):
+        colour = SERIES[i % len(SERIES)]
+        rated = [p for p in members if _num(p.get("samples_per_s")) is not None]
+        stable = [p for p in rated if p.get("stable", True)]
+        if stable:
+            (line,) = top.plot([p["t_s"] / scale for p in stable], [p["samples_per_s"] for p in stable], color=colour,
+                               marker="o", markersize=5, linewidth=1.2, label=label, zorder=3)
+            handles.append(line)
+        elif rated:
+            handles.append(Line2D([], [], color=colour, marker="o", label=label))
+        peak = max([peak] + [float(p["samples_per_s"]) for p in rated])
+        noisy = [p for p in members if _num(p.get("noise")) is not None]
+        bottom.plot([p["t_s"] / scale for p in noisy], [100 * p["noise"] for p in noisy], color=colour, marker="o",
+                    markersize=3.5, linewidth=0.8, zorder=3)
+    unstable = [p for p in points if p.get("stable") is False]
+    if unstable:
+        rated = [p for p in unstable if _num(p.get("samples_per_s")) is not None]
+        top.plot([p["t_s"] / scale for p in rated], [p["samples_per_s"] for p in rated], color=FAILED, marker="X",
+                 markersize=9, linestyle="none", zorder=4)
+        noisy = [p for p in unstable if _num(p.get("noise")) is not None]
+        bottom.plot([p["t_s"] / scale for p in noisy], [100 * p["noise"] for p in noisy], color=FAILED, marker="X",
+                    markersize=7, linestyle="none", zorder=4)
+        handles.append(Line2D([], [], color=FAILED, marker="X", markersize=9, linestyle="none", label="unstable (re-run or marked)"))
+    if periods:
+        handles.append(Patch(color=UNSTABLE_SHADE, label="unstable period"))
+    top.set_ylim(0, peak * 1.15 if peak else 1)
+    top.yaxis.set_major_formatter(_thousands())
+    top.set_ylabel("incumbent (samples/s)")
+    top.set_title("Machine stability: the incumbent's throughput in each session")
+    bottom.set_ylim(bottom=0)
+    bottom.set_ylabel("window noise (%)")
+    bottom.set_xlabel("time since the search started (minutes)" if minutes else "time since the search started (s)")
+    _legend(fig, handles)
+    return _save(fig, path)
+
+
 # File name in plots/ -> function; the report writes them in this order.
 PLOTS = {
     "speedups.png": speedup_bars,
     "waterfall.png": waterfall,
     "batch_size.png": batch_curve,
     "windows.png": window_traces,
+    "stability.png": stability_trace,
 }
