@@ -71,6 +71,8 @@ class TrialBroker:
         self.executor = executor
         # The stability guard (``stability.StabilityGuard``), or None to take every session as it comes.
         self.guard = guard
+        # Why sessions stayed unstable after every retry, in order (the stages mark their verdicts).
+        self.unstable: list[str] = []
         self.spec = spec
         self.resolved = spec.resolved()
         self.out_dir = Path(out_dir)
@@ -132,13 +134,57 @@ class TrialBroker:
         A session is reused only when every one of its arms finished before: its arms were
         measured side by side, so a half-stored session is measured again as a whole.
         Sessions that run are handed to the executor together, so that an executor with
-        several slots runs them at once. With a stability guard, a session measured while
-        the machine shifted is measured again (see ``_guarded``).
+        several slots runs them at once.
+
+        With a stability guard, every session is judged by the incumbent's level and the
+        window noise; one measured while the machine shifted is measured again (as a new
+        session with its own keys, so a resumed search replays the same attempts) after
+        the guard's settling time, at most ``max_retries`` times. A session still
+        unstable then is used, and its reason is appended to ``unstable``.
 
         Args:
             asks: The sessions.
             exclusive: Run each with no other session beside it (the final check).
         """
+        results = self._sessions_once(asks, exclusive)
+        if self.guard is None:
+            return results
+        from trainopt.stability import observe
+
+        pending = list(range(len(asks)))
+        current = list(asks)
+        retry = 0
+        while pending:
+            again = []
+            for j in pending:
+                ask, res = current[j], results[j]
+                info = res.arms[0].session or {}
+                t_s = info.get("finished_s", time.time() - self.state.started)
+                obs = observe(res, 0, t_s=t_s, stage=ask.stage, knob=ask.knob, role=ask.role,
+                              settings_hash=plan.settings_hash(ask.arms[0]))
+                check = self.guard.check(obs)
+                final = check.stable or retry >= self.guard.max_retries
+                self.guard.record(obs, check, retry=retry, final=final)
+                if not final:
+                    again.append(j)
+                elif not check.stable:
+                    self.unstable.append(f"{ask.role} session of {ask.knob}: {check.reason}")
+            if not again:
+                break
+            retry += 1
+            for j in again:
+                current[j] = SessionAsk(current[j].arms, current[j].stage, current[j].knob, current[j].role,
+                                        f"{asks[j].tag}/retry{retry}")
+            if any(self.store.lookup(k) is None for j in again for k in current[j].keys()):
+                # Let the machine settle before measuring again (nothing to wait for on a replay).
+                self.progress.stage(asks[again[0]].stage, f"machine unstable; measuring again in {self.guard.settle_s:g} s")
+                time.sleep(self.guard.settle_s)
+            for j, res in zip(again, self._sessions_once([current[j] for j in again], exclusive)):
+                results[j] = res
+            pending = again
+        return results
+
+    def _sessions_once(self, asks: list[SessionAsk], exclusive: bool) -> list[SessionResult]:
         results: list[SessionResult | None] = [None] * len(asks)
         todo: list[tuple[int, SessionAsk]] = []
         for j, ask in enumerate(asks):

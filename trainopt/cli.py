@@ -171,6 +171,11 @@ def _summary(doc: dict[str, Any]) -> str:
         lines.append(f"note: {hint}")
     c = doc.get("counts", {})
     lines.append(f"trials: {c.get('trials_run', 0)} run, {c.get('trials_reused', 0)} reused from the store")
+    sessions = doc.get("sessions") or {}
+    if sessions.get("sequential"):
+        lines.append(f"note: {sessions['sequential']} session(s) measured one arm at a time: " + "; ".join(sessions.get("notes") or []))
+    for warning in doc.get("warnings") or []:
+        lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
 
 
@@ -196,7 +201,7 @@ def _executor(spec, runner):
     from trainopt.session import InterleavedSessionRunner, SequentialSessionRunner
 
     if spec.measure.session == "sequential":
-        return SerialExecutor(SequentialSessionRunner(runner))
+        return SerialExecutor(SequentialSessionRunner(runner, note="measure.session is sequential"))
     return SerialExecutor(InterleavedSessionRunner(fallback=runner))
 
 
@@ -228,7 +233,10 @@ def cmd_search(args) -> int:
 
         runner = SubprocessRunner()
         executor = _executor(spec, runner)
-        search = Search(spec, folder.path, runner, store, progress=progress, on_checkpoint=checkpoint, executor=executor)
+        from trainopt.stability import StabilityGuard
+
+        search = Search(spec, folder.path, runner, store, progress=progress, on_checkpoint=checkpoint, executor=executor,
+                        guard=StabilityGuard())
         try:
             doc = search.run()
         except SearchFailed as exc:

@@ -99,6 +99,10 @@ def _trial_row(t: TrialRecord, out_dir: Path) -> dict[str, Any]:
         "wall_s": r.wall_s,
         "error": r.error,
         "log": log,
+        "session": r.session,
+        "slot": r.env.get("slot"),
+        "node": r.env.get("node"),
+        "device": r.env.get("device"),
     }
 
 
@@ -158,6 +162,24 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
         "env": base.env if base else {},
         "measure": state.measure,
         "counts": {"trials_run": state.ran, "trials_reused": state.reused},
+        "sessions": _sessions_summary(state),
+        "stability": state.guard.to_dict() if state.guard is not None else None,
+        "warnings": list(state.warnings),
+    }
+
+
+def _sessions_summary(state: SearchState) -> dict[str, Any]:
+    """How the sessions were measured: how many live-interleaved, how many fell back, and why."""
+    seen: dict[str, dict[str, Any]] = {}
+    for t in state.trials:
+        info = t.result.session
+        if info:
+            seen.setdefault(info["id"], info)
+    notes = sorted({i["note"] for i in seen.values() if i.get("note")})
+    return {
+        "interleaved": sum(1 for i in seen.values() if i.get("mode") == "interleaved"),
+        "sequential": sum(1 for i in seen.values() if i.get("mode") == "sequential"),
+        "notes": notes,
     }
 
 

@@ -72,6 +72,7 @@ class Search:
         if executor is None:
             executor = SerialExecutor(runner if hasattr(runner, "run_session") else SequentialSessionRunner(runner))
         self.broker = TrialBroker(spec, out_dir, runner, store, self.state, self.progress, executor=executor, guard=guard)
+        self.state.guard = guard
         self.stage = KnobStage(self.broker, spec.measure, run_length_steps=spec.run_length_steps, decisions=self.state.decisions,
                                rule=rule)
 
@@ -108,8 +109,29 @@ class Search:
             self._update_eta(index + 1)
             self._checkpoint(complete=False)
         self.progress.stage("final", "final check against the baseline")
+        n0 = len(self.broker.unstable)
         state.final = self._final_check(base_settings, incumbent)
+        if self.broker.unstable[n0:]:
+            state.final["unstable"] = "; ".join(self.broker.unstable[n0:])
+        self._warn()
         return self._checkpoint(complete=True)
+
+    def _warn(self) -> None:
+        """Warnings for the report: the final check against earlier measurements, unstable verdicts."""
+        from trainopt.stability import final_disagreement
+
+        state = self.state
+        kept = [d.to_dict() for d in state.decisions if d.kept]
+        text = final_disagreement(state.final, kept, state.baseline.samples_per_s if state.baseline else None)
+        if text:
+            state.warnings.append(text)
+        marked = [d for d in state.decisions if d.extra.get("unstable")]
+        if marked or state.final.get("unstable"):
+            what = ", ".join(f"{d.knob}={d.to_value}" for d in marked) + (" the final check" if state.final.get("unstable") else "")
+            state.warnings.append(
+                f"the machine was unstable while measuring {what.strip(', ')} and stayed so after re-measuring; "
+                "those verdicts are marked and may be wrong - run the search again on a quieter machine"
+            )
 
     def _update_eta(self, knobs_done: int) -> None:
         self.progress.set_remaining(

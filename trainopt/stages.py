@@ -51,6 +51,7 @@ class KnobStage:
 
     def __init__(self, broker: TrialBroker, measure: Any, *, run_length_steps: int, decisions: list[Decision], rule: Any = None):
         self.rule = rule
+        self._marks: list[tuple[Decision, int]] = []
         self.broker = broker
         self.measure = measure
         self.pairs = measure.pairs
@@ -76,8 +77,9 @@ class KnobStage:
 
     def screen_and_decide(self, incumbent: dict[str, Any], cands: list[dict[str, Any]], knob: str, stage: str) -> dict[str, Any]:
         """Screen ``cands`` against ``incumbent``, confirm the most promising, and return the adopted settings."""
+        n0 = len(self.broker.unstable)
         ref, screens = self._screen(incumbent, cands, stage, knob)
-        return self._decide(incumbent, knob, stage, ref, screens)
+        return self._decide(incumbent, knob, stage, ref, screens, self.broker.unstable[n0:])
 
     def _screen(self, incumbent: dict[str, Any], cands: list[dict[str, Any]], stage: str, knob: str):
         """One session of the incumbent and every candidate; point speedups only."""
@@ -105,7 +107,8 @@ class KnobStage:
         logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
         return holdout_estimate(logs, self.measure.confidence, self.measure.interval), pairs
 
-    def _decide(self, incumbent: dict[str, Any], knob: str, stage: str, ref: TrialResult, screens) -> dict[str, Any]:
+    def _decide(self, incumbent: dict[str, Any], knob: str, stage: str, ref: TrialResult, screens,
+                screen_unstable: list[str] | None = None) -> dict[str, Any]:
         """Turn screens into decisions, confirm the most promising, adopt the best improved one.
 
         The screen only chooses what to confirm (the best candidates not clearly slower):
@@ -130,7 +133,13 @@ class KnobStage:
             )
             if knob == "batch_size":
                 d.extra["grad_accum"] = settings["grad_accum"]
+            if screen_unstable:
+                # Marked: the machine shifted during a session this verdict rests on, and
+                # measuring again did not find it steady.
+                d.extra["unstable"] = "; ".join(screen_unstable)
+            n0 = len(self.broker.unstable)
             self.decisions.append(d)
+            self._mark_unstable(d, n0)
             if not r.ok:
                 d.verdict, d.reason = r.status, r.error or r.status
                 continue
@@ -167,6 +176,13 @@ class KnobStage:
             self._figures(d, [p.incumbent for p in held], [p.candidate for p in held])
             d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
             improved.append((est.speedup, d, settings))
+        # Each decision's sessions ran between its own start and the next decision's.
+        ends = [n0 for _, n0 in self._marks[1:]] + [len(self.broker.unstable)]
+        for (d, n0), end in zip(self._marks, ends):
+            own = self.broker.unstable[n0:end]
+            if own:
+                d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *own]))
+        self._marks = []
         if not improved:
             return incumbent
         best = max(improved, key=lambda t: t[0])
@@ -175,6 +191,10 @@ class KnobStage:
             if d is not best[1]:
                 d.reason += f"; not kept: {knob}={best[1].to_value} was faster"
         return best[2]
+
+    def _mark_unstable(self, d: Decision, n0: int) -> None:
+        """Note where this decision's sessions start in the broker's list of unstable sessions."""
+        self._marks.append((d, n0))
 
     @staticmethod
     def _figures(d: Decision, inc: list[TrialResult], cand: list[TrialResult]) -> None:

@@ -54,6 +54,8 @@ class SearchState:
         final: The final check (empty until it ran).
         ran: Trials run by this process.
         reused: Trials answered from the store.
+        guard: The stability guard (its record goes into the results), or None.
+        warnings: Warnings for the report, in order.
     """
 
     name: str
@@ -73,6 +75,8 @@ class SearchState:
     final: dict[str, Any] = field(default_factory=dict)
     ran: int = 0
     reused: int = 0
+    guard: Any = None
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def for_spec(cls, spec: Any, out_dir: Path) -> "SearchState":
