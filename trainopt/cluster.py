@@ -140,7 +140,12 @@ class _SlotActor:
         self.slot = slotplan.Slot(slot.index, cpus, str(gpu_ids[0]) if gpu_ids else None)
         self.info = slot
         env = {**runner_options.pop("env", {}), **self.slot.env()}
-        runner = InterleavedSessionRunner(env=env, cpus=list(cpus) or None, **runner_options)
+        import psutil
+
+        # The node's slots share its RAM (see SlotExecutor).
+        ram_share = int(psutil.virtual_memory().total) // max(1, slot.count_on_node)
+        runner = InterleavedSessionRunner(env=env, cpus=list(cpus) or None, host_ram_bytes=ram_share,
+                                          **runner_options)
         self.worker = _SlotThread(self.slot, runner)
 
     def describe(self) -> dict[str, Any]:
@@ -286,8 +291,12 @@ class RayExecutor:
                     results[i] = self._land(jobs[i], out, k)
                     free.append(k)
         except BaseException:
+            # Interrupted: ask the actors to drop their sessions; close() ends them for good.
             for ref in running:
-                ray.cancel(ref, force=True)
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - best effort while interrupted
+                    pass
             self.in_flight.clear()
             raise
         return results  # type: ignore[return-value]

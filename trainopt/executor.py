@@ -211,10 +211,14 @@ class SlotExecutor:
         self.slots = len(self.plan)
         self.node = socket.gethostname()
         base_env = dict(env or {})
+        # The slots share the host's RAM: each session's arms may fill only its slot's share
+        # of it side by side before the session measures them one at a time instead.
+        ram_share = _host_ram() // self.slots if self.slots > 1 else None
 
         def default_factory(slot: Slot) -> SessionRunner:
             return InterleavedSessionRunner(rounds=rounds, window_seconds=window_seconds, rewarm_steps=rewarm_steps,
-                                            env={**base_env, **slot.env()}, cpus=list(slot.cpus) or None)
+                                            env={**base_env, **slot.env()}, cpus=list(slot.cpus) or None,
+                                            host_ram_bytes=ram_share)
 
         factory = runner_factory or default_factory
         self._threads = [_SlotThread(slot, factory(slot)) for slot in self.plan]
@@ -297,3 +301,9 @@ class SlotExecutor:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+def _host_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import tiny_spec_dict
 from trainopt.executor import SessionJob, SlotExecutor
 from trainopt.protocol import TrialRequest, TrialResult
+from trainopt.runner import SubprocessRunner
+from trainopt.session import SequentialSessionRunner
 from trainopt.spec import apply_overrides, spec_from_dict
 
 pytestmark = pytest.mark.integration
@@ -63,3 +65,29 @@ def test_two_sessions_run_at_once_each_confined_to_its_core(tmp_path):
     # of their own wall times.
     alone_s = sum(r.wall_s for r in results)
     assert together_s < 0.85 * alone_s, (together_s, [r.wall_s for r in results])
+
+
+def test_one_at_a_time_trials_are_pinned_too_and_threads_beyond_the_slot_are_refused(tmp_path):
+    """The sequential fallback's fresh trial processes inherit the slot like live arms do."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    cores = cores[:2]
+    arms = [{"batch_size": 16, "threads": None}, {"batch_size": 16, "threads": 2}]
+    jobs = [_job(tmp_path, "a", arms, 1), _job(tmp_path, "b", arms, 2)]
+
+    def fallback(slot):
+        return SequentialSessionRunner(SubprocessRunner(extra_env=slot.env()))
+
+    with SlotExecutor(2, cpus=cores, gpus=[], device="cpu", runner_factory=fallback) as ex:
+        results = ex.run_many(jobs)
+    assert {r.arms[0].env["slot"] for r in results} == {0, 1}
+    for result in results:
+        assert result.mode == "sequential"
+        fits, too_many = result.arms
+        slot = fits.env["slot"]
+        assert fits.status == "ok", fits.error
+        assert fits.env["cpu_set"] == [cores[slot]] and fits.env["torch_threads"] == 1
+        assert too_many.status == "not_applicable"
+        assert "threads 2 is more than the 1 core(s) of this slot" in too_many.error
+        assert too_many.env["slot"] == slot and too_many.env["device"] == f"cpu:{cores[slot]}"
