@@ -169,6 +169,8 @@ class _SlotActor:
 
             def task() -> None:
                 try:
+                    if self.worker.start_error is not None:
+                        raise self.worker.start_error
                     done.put(("ok", self.worker.runner.run_session(requests, logs, job["timeout_s"], job["seed"])))
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller below
                     done.put(("error", exc))

@@ -161,12 +161,18 @@ class _SlotThread:
         self.slot = slot
         self.runner = runner
         self.inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.start_error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, name=f"trainopt-slot-{slot.index}", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         if self.slot.cpus:
-            os.sched_setaffinity(0, self.slot.cpus)  # 0: this thread only
+            try:
+                os.sched_setaffinity(0, self.slot.cpus)  # 0: this thread only
+            except OSError as exc:
+                # Reported by the first session given to this slot, never run unpinned.
+                self.start_error = slotplan.SlotError(
+                    f"slot {self.slot.index}: cannot pin to cores {slotplan.cpu_list_text(self.slot.cpus)} ({exc})")
         while True:
             task = self.inbox.get()
             if task is None:
@@ -241,6 +247,8 @@ class SlotExecutor:
         def drain(worker: _SlotThread) -> Callable[[], None]:
             def task() -> None:
                 try:
+                    if worker.start_error is not None:
+                        raise worker.start_error
                     while not abort.is_set():
                         try:
                             i = pending.get_nowait()

@@ -189,3 +189,12 @@ def test_a_failing_session_is_raised_in_the_caller(tmp_path):
     with SlotExecutor(2, cpus=cores, gpus=[], runner_factory=lambda slot: Broken()) as ex:
         with pytest.raises(ValueError, match="boom"):
             ex.run_many(_jobs(tmp_path, 3))
+
+
+def test_a_slot_that_cannot_be_pinned_fails_its_sessions_instead_of_running_unpinned(tmp_path):
+    cores = _two_cores()
+    log: list = []
+    # Core 100000 does not exist: the kernel refuses the affinity.
+    with SlotExecutor(2, cpus=[cores[0], 100000], gpus=[], runner_factory=lambda slot: _SlowRunner(log, ENV, 0.0)) as ex:
+        with pytest.raises(SlotError, match="slot 1: cannot pin to cores 100000"):
+            ex.run_many(_jobs(tmp_path, 4))
