@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping
 
+from trainopt import slots as slotplan
 from trainopt.errors import UserError
 from trainopt.executor import SerialExecutor, SessionExecutor, SlotExecutor
 from trainopt.session import SessionRunner
@@ -100,7 +101,8 @@ def executor_notes(executor: SessionExecutor) -> list[str]:
                 "the same session alone; both arms of a comparison always share one slot, and the final check "
                 "runs with no other session beside it."]
     if isinstance(executor, SlotExecutor) and executor.slots > 1:
-        return [f"{executor.slots} GPU slots: {', '.join(s.device for s in executor.plan)}."]
+        return [f"{executor.slots} GPU slots: {', '.join(s.device for s in executor.plan)}.",
+                *slotplan.gpu_busy_warnings(executor.plan)]
     if plan and not isinstance(executor, SlotExecutor):
         hosts = sorted({s.host for s in plan.values()})
         return [f"{executor.slots} Ray slot(s) on {len(hosts)} node(s): {', '.join(hosts)}."]

@@ -38,6 +38,10 @@ __all__ = [
     "check_alike",
     "threads_reason",
     "slot_cpus_from_env",
+    "parse_gpu_ids",
+    "parse_compute_apps",
+    "foreign_gpu_processes",
+    "gpu_busy_warnings",
 ]
 
 # Set in a slot's processes: the number of cores the slot owns (read by the trial side).
@@ -266,3 +270,68 @@ def slot_cpus_from_env(environ: Mapping[str, str]) -> int | None:
         return int(value) if value else None
     except ValueError:
         return None
+
+
+def parse_gpu_ids(text: str) -> dict[str, str]:
+    """``{uuid: index}`` from ``nvidia-smi --query-gpu=index,uuid --format=csv,noheader``."""
+    out = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0] and parts[1]:
+            out[parts[1]] = parts[0]
+    return out
+
+
+def parse_compute_apps(text: str) -> list[tuple[str, int, str]]:
+    """``(gpu uuid, pid, name)`` from ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name
+    --format=csv,noheader``."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",", 2)]
+        if len(parts) == 3 and parts[1].isdigit():
+            out.append((parts[0], int(parts[1]), parts[2]))
+    return out
+
+
+def foreign_gpu_processes(plan: Sequence[Slot], gpu_ids: Mapping[str, str],
+                          apps: Sequence[tuple[str, int, str]], own_pids: set[int] | frozenset = frozenset()) -> list[str]:
+    """Warnings for processes that are not this search's and use a slot's GPU.
+
+    Another process's kernels share the GPU with the slot's trials and slow them by an
+    amount that changes while the search runs, so the user is told before it starts.
+
+    Args:
+        plan: The slots.
+        gpu_ids: ``{uuid: index}`` (``parse_gpu_ids``); a slot's ``gpu`` may be either.
+        apps: The compute processes (``parse_compute_apps``).
+        own_pids: Processes of this search, not reported.
+    """
+    out = []
+    for slot in plan:
+        if slot.gpu is None:
+            continue
+        for uuid, pid, name in apps:
+            if pid in own_pids:
+                continue
+            if slot.gpu in (uuid, gpu_ids.get(uuid)):
+                out.append(f"slot {slot.index} ({slot.device}): process {pid} ({name}) is using this GPU; "
+                           "its work slows the slot's trials unevenly, so stop it or leave this GPU out "
+                           "(CUDA_VISIBLE_DEVICES)")
+    return out
+
+
+def gpu_busy_warnings(plan: Sequence[Slot]) -> list[str]:
+    """``foreign_gpu_processes`` for this machine, read with ``nvidia-smi`` (none without it)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi or all(slot.gpu is None for slot in plan):
+        return []
+    try:
+        ids = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=False)
+        apps = subprocess.run([smi, "--query-compute-apps=gpu_uuid,pid,process_name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if ids.returncode or apps.returncode:
+        return []
+    return foreign_gpu_processes(plan, parse_gpu_ids(ids.stdout), parse_compute_apps(apps.stdout), {os.getpid()})

@@ -101,6 +101,19 @@ def test_threads_beyond_the_slot_are_not_measured():
     assert slots.slot_cpus_from_env({}) is None
 
 
+def test_other_processes_on_a_slots_gpu_are_reported():
+    ids = slots.parse_gpu_ids("0, GPU-aaa\n1, GPU-bbb\n2, GPU-ccc\n")
+    assert ids == {"GPU-aaa": "0", "GPU-bbb": "1", "GPU-ccc": "2"}
+    apps = slots.parse_compute_apps("GPU-bbb, 4242, /usr/bin/python3\nGPU-ccc, 77, trainer\nGPU-aaa, 10, mine\n"
+                                    "No running processes found\n")
+    assert apps == [("GPU-bbb", 4242, "/usr/bin/python3"), ("GPU-ccc", 77, "trainer"), ("GPU-aaa", 10, "mine")]
+    plan = [Slot(0, (), "0"), Slot(1, (), "GPU-bbb"), Slot(2, (0,))]
+    lines = slots.foreign_gpu_processes(plan, ids, apps, own_pids={10})
+    assert len(lines) == 1
+    assert lines[0].startswith("slot 1 (cuda:GPU-bbb): process 4242 (/usr/bin/python3) is using this GPU")
+    assert slots.gpu_busy_warnings([Slot(0, (0,))]) == []  # no GPU slot: nothing to ask
+
+
 # ---- executors, with fake sessions ---------------------------------------------------------
 
 
