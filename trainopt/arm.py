@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trainopt import knobs
+from trainopt import knobs, slots
 from trainopt.protocol import SCHEMA_VERSION, TrialRequest
 
 __all__ = ["serve", "send", "receive"]
@@ -86,6 +86,25 @@ def _cap_memory(memory_gb: float | None) -> None:
 def _last_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _cpu_set(pid: int) -> list[int] | None:
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return None
+
+
+def _children_cpu_sets() -> list[list[int]]:
+    """The CPU affinity of each loader worker alive now (empty without workers)."""
+    import psutil
+
+    out = []
+    for kid in psutil.Process().children(recursive=True):
+        cpus = _cpu_set(kid.pid)
+        if cpus is not None:
+            out.append(cpus)
+    return out
 
 
 class _PeakMemory:
@@ -142,7 +161,9 @@ class _Arm:
         settings = dict(request.settings)
         device = _resolve_device(request.spec.get("device", "auto"))
         env = fingerprint.environment(device)
-        reason = knobs.not_applicable_reason(settings, device.type)
+        env["cpu_set"] = _cpu_set(os.getpid())
+        reason = knobs.not_applicable_reason(settings, device.type) or slots.threads_reason(
+            settings.get("threads"), slots.slot_cpus_from_env(os.environ))
         if reason:
             return {"kind": "failed", "status": "not_applicable", "error": reason}
         _cap_memory(request.memory_gb)
@@ -185,6 +206,9 @@ class _Arm:
         self.steps = steps
         self.window_steps = max(1, int(round(self.window_seconds / max(typical, 1e-9))))
         self.mem.sample()
+        # Where the loader workers may run (they inherit this process's affinity), read from
+        # inside the trial so a slot's confinement is a measured fact, not an assumption.
+        env["loader_cpu_sets"] = _children_cpu_sets()
         capacity, footprint = None, self.mem.peak()
         if device.type == "cuda":
             import torch

@@ -195,14 +195,20 @@ def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any], report:
     return write_report(out, doc)
 
 
-def _executor(spec, runner):
-    """Where the search's measurement sessions run: live interleaved arms unless the spec says otherwise."""
-    from trainopt.executor import SerialExecutor
+def _executor(args, spec, runner):
+    """Where the search's measurement sessions run: slots from the flags (``--parallel``,
+    ``--ray``), live interleaved arms unless the spec asks for one fresh process per arm."""
+    from trainopt import scaling
     from trainopt.session import InterleavedSessionRunner, SequentialSessionRunner
 
     if spec.measure.session == "sequential":
-        return SerialExecutor(SequentialSessionRunner(runner, note="measure.session is sequential"))
-    return SerialExecutor(InterleavedSessionRunner(fallback=runner))
+        serial = SequentialSessionRunner(runner, note="measure.session is sequential")
+    else:
+        serial = InterleavedSessionRunner(fallback=runner)
+    executor = scaling.make_executor(args, spec.device, serial_runner=serial)
+    for line in scaling.executor_notes(executor):
+        print(f"trainopt: {line}", file=sys.stderr)
+    return executor
 
 
 def cmd_search(args) -> int:
@@ -225,14 +231,14 @@ def cmd_search(args) -> int:
         if args.fresh:
             for old in ("results.json", "best.yaml", "speedups.csv", "report.html", "trials.csv"):
                 (folder.path / old).unlink(missing_ok=True)
+        runner = SubprocessRunner()
+        executor = _executor(args, spec, runner)
         progress = ConsoleProgress(quiet=args.quiet)
 
         def checkpoint(doc):
             doc["storage"] = storage
             _write_all(folder.path, doc, resolved, report=doc["complete"])
 
-        runner = SubprocessRunner()
-        executor = _executor(spec, runner)
         from trainopt.stability import StabilityGuard
 
         search = Search(spec, folder.path, runner, store, progress=progress, on_checkpoint=checkpoint, executor=executor,
@@ -320,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
         "postgresql+psycopg2://USER:PASSWORD@HOST/DB (needs trainopt[postgres]); default: SQLite in the output folder",
     )
     s.add_argument("--fresh", action="store_true", help="discard stored trials and start over")
+    from trainopt import scaling
+
+    scaling.add_options(s)
     s.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     s.set_defaults(func=cmd_search)
 

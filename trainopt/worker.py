@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-from trainopt import knobs, stats
+from trainopt import knobs, slots, stats
 from trainopt.atomic import write_json_atomic
 from trainopt.protocol import TrialRequest, TrialResult
 
@@ -104,7 +104,9 @@ def execute(request: TrialRequest) -> TrialResult:
     try:
         device = resolve_device(request.spec.get("device", "auto"))
         result.env = fingerprint.environment(device)
-        reason = knobs.not_applicable_reason(settings, device.type)
+        result.env["cpu_set"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        reason = knobs.not_applicable_reason(settings, device.type) or slots.threads_reason(
+            settings.get("threads"), slots.slot_cpus_from_env(os.environ))
         if reason:
             result.status, result.error = "not_applicable", reason
             return result
