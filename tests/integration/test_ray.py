@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_slots import _job
+from tests.integration.test_slot_sessions import _job
 from trainopt.protocol import TrialResult
 
 ray = pytest.importorskip("ray")
