@@ -206,10 +206,17 @@ class TrialBroker:
     def _run_sessions(self, asks: list[SessionAsk], exclusive: bool) -> list[SessionResult]:
         if not asks:
             return []
+        if getattr(self.executor, "slots", 1) <= 1:
+            # One slot: one session at a time, each stored as soon as it ends (progress shows
+            # it, and an interrupted search keeps it).
+            return [r for ask in asks for r in self._run_batch([ask], exclusive)]
+        return self._run_batch(asks, exclusive)
+
+    def _run_batch(self, asks: list[SessionAsk], exclusive: bool) -> list[SessionResult]:
         handles, jobs = [], []
         for ask in asks:
             hs, requests, logs = [], [], []
-            for i, (key, settings) in enumerate(zip(ask.keys(), ask.arms)):
+            for key, settings in zip(ask.keys(), ask.arms):
                 h = self.store.begin(key, self._meta(ask, None))
                 name = f"{h.number:04d}-{ask.role}-{ask.knob}"
                 hs.append(h)
@@ -222,9 +229,8 @@ class TrialBroker:
         out = self.executor.run_many(jobs, exclusive=exclusive)
         for ask, hs, result in zip(asks, handles, out):
             per_arm = (result.wall_s or 0.0) / max(1, len(result.arms))
-            sid = ask.tag
             for i, (key, h, arm) in enumerate(zip(ask.keys(), hs, result.arms)):
-                arm.session = {"id": f"{ask.role}/{ask.knob}/{sid}", "arm": i, "arms": len(result.arms), "mode": result.mode,
+                arm.session = {"id": f"{ask.role}/{ask.knob}/{ask.tag}", "arm": i, "arms": len(result.arms), "mode": result.mode,
                                "note": result.note, "rounds": result.rounds, "finished_s": round(time.time() - self.state.started, 3)}
                 meta = self._meta(ask, arm)
                 self.store.finish(h, key, meta, arm)

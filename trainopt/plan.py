@@ -84,19 +84,36 @@ def settings_hash(settings: Mapping[str, Any]) -> str:
 TYPICAL_BATCH_PROBES = 8
 
 
-def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], pairs: int, batch_candidates: int) -> int:
-    """A rough count of the trials left, for the ETA: screens and one confirmation per knob, and the final check.
+# For the ETA: confirmations per knob with two or more candidates (the screen confirms at most
+# two, and often drops a clearly slower one), and the share of knobs whose change is kept
+# (each kept change adds its held-out pairs).
+TYPICAL_CONFIRMATIONS = 1.5
+TYPICAL_KEPT_SHARE = 0.5
+
+
+def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
+                     final_pairs: int, batch_candidates: int) -> float:
+    """A rough count of the trial processes left (probes and session arms), for the ETA.
+
+    Per knob: the screen session (incumbent and candidates), the typical number of
+    confirmations at ``confirm_pairs`` two-arm sessions each, the held-out pairs of a kept
+    change at the typical share; then the final check's pairs.
 
     Args:
         knob_names: The knobs not decided yet.
         search: The spec's search section (knob -> candidates).
-        pairs: Pairs per confirmation.
+        confirm_pairs: Pairs a confirmation typically takes (the rule's first look that can decide).
+        holdout_pairs: Fresh pairs measured after an improved verdict.
+        final_pairs: Pairs of the final check.
         batch_candidates: Throughput candidates of the batch-size stage.
     """
-    remaining = 0
+    remaining = 0.0
     for name in knob_names:
         if name == "batch_size":
-            remaining += TYPICAL_BATCH_PROBES + batch_candidates + 2 * pairs
+            cands = batch_candidates
+            remaining += TYPICAL_BATCH_PROBES
         else:
-            remaining += 1 + len(search[name]) + 2 * pairs
-    return remaining + 2 * pairs
+            cands = max(1, len(search[name]) - 1)
+        confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
+        remaining += 1 + cands + confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs
+    return remaining + 2 * final_pairs

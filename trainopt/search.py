@@ -134,9 +134,15 @@ class Search:
             )
 
     def _update_eta(self, knobs_done: int) -> None:
+        from trainopt.sequential import SequentialRule
+
+        m = self.spec.measure
+        holdout = holdout_pairs(m.confidence, m.interval)
         self.progress.set_remaining(
             plan.remaining_trials(
-                self.state.order[knobs_done:], self.spec.search, self.spec.measure.pairs, self.spec.batch_search.max_candidates
+                self.state.order[knobs_done:], self.spec.search,
+                confirm_pairs=SequentialRule.from_measure(m, family=2).next_look(0), holdout_pairs=holdout,
+                final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
             )
         )
 

@@ -31,10 +31,14 @@ def test_compile_without_a_confirmed_gain_never_repays():
     assert "only after never steps" in d.reason
 
 
-def test_remaining_trials_counts_screens_confirmations_and_the_final_check():
+def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_check():
     search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2]}
-    # amp: 1 incumbent + 3 screens + 2 x 6 confirmations; num_workers: 1 + 2 + 12; final: 12.
-    assert remaining_trials(["amp", "num_workers"], search, pairs=6, batch_candidates=4) == 16 + 15 + 12
-    # batch_size: 8 probes + 4 candidates + 12.
-    assert remaining_trials(["batch_size"], {"batch_size": {}}, pairs=6, batch_candidates=4) == 24 + 12
-    assert remaining_trials([], search, pairs=6, batch_candidates=4) == 12
+    kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4)
+    # amp: incumbent + 2 candidates, 1.5 confirmations of 8 pairs, half a holdout of 6 pairs.
+    amp = 3 + 1.5 * 16 + 0.5 * 12
+    # num_workers: incumbent + 1 candidate, one confirmation.
+    workers = 2 + 16 + 0.5 * 12
+    assert remaining_trials(["amp", "num_workers"], search, **kw) == amp + workers + 12
+    # batch_size: 8 probes, incumbent + 4 candidates.
+    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == 8 + 5 + 1.5 * 16 + 0.5 * 12 + 12
+    assert remaining_trials([], search, **kw) == 12
