@@ -73,6 +73,8 @@ class TrialBroker:
         self.guard = guard
         # Why sessions stayed unstable after every retry, in order (the stages mark their verdicts).
         self.unstable: list[str] = []
+        # How to wait for the machine to settle (a simulated clock in tests).
+        self.sleep: Callable[[float], None] = time.sleep
         self.spec = spec
         self.resolved = spec.resolved()
         self.out_dir = Path(out_dir)
@@ -178,7 +180,7 @@ class TrialBroker:
             if any(self.store.lookup(k) is None for j in again for k in current[j].keys()):
                 # Let the machine settle before measuring again (nothing to wait for on a replay).
                 self.progress.stage(asks[again[0]].stage, f"machine unstable; measuring again in {self.guard.settle_s:g} s")
-                time.sleep(self.guard.settle_s)
+                self.sleep(self.guard.settle_s)
             for j, res in zip(again, self._sessions_once([current[j] for j in again], exclusive)):
                 results[j] = res
             pending = again

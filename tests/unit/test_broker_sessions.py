@@ -1,0 +1,97 @@
+"""The broker's sessions inside the real search: batching up to the rule's looks, reuse of
+whole sessions only, and the stability guard's re-runs and marks (fake runners, no processes)."""
+
+from __future__ import annotations
+
+import math
+
+from tests.conftest import tiny_spec_dict
+from tests.fakes import FakeRunner, MemoryStore
+from tests.loaded import LoadedMachine, hog
+from trainopt.executor import SerialExecutor
+from trainopt.search import Search
+from trainopt.sequential import SequentialRule
+from trainopt.spec import spec_from_dict
+from trainopt.stability import StabilityGuard
+
+BUDGET = {"pairs": 6, "max_pairs": 20, "confidence": 0.95}
+
+
+class CountingExecutor(SerialExecutor):
+    """Records the size of every batch of sessions and claims several slots, so batches stay whole."""
+
+    slots = 4
+
+    def __init__(self, runner):
+        super().__init__(runner)
+        self.batches: list[tuple[str, int]] = []
+
+    def run_many(self, jobs, exclusive=False):
+        self.batches.append((jobs[0].requests[0].trial_id.split("/")[0], len(jobs)))
+        return super().run_many(jobs, exclusive)
+
+
+def make(tmp_path, runner, search, executor=None, guard=None, store=None):
+    spec = spec_from_dict(tiny_spec_dict(search=search, measure=BUDGET), "t.yaml", tmp_path)
+    return Search(spec, tmp_path, runner, store or MemoryStore(), executor=executor, guard=guard), spec
+
+
+def test_confirmation_pairs_are_measured_together_up_to_each_look(tmp_path):
+    runner = FakeRunner({}, arm_sd=0.2, session_sd=0.0, seed=4)
+    executor = CountingExecutor(runner)
+    search, spec = make(tmp_path, runner, {"amp": ["off", "bf16"]}, executor=executor)
+    doc = search.run()
+    (amp,) = [d for d in doc["decisions"] if d["knob"] == "amp"]
+    rule = SequentialRule.from_measure(spec.measure, family=1)
+    looks, n = [], 0
+    while n < amp["n_pairs"]:
+        looks.append(rule.next_look(n) - n)
+        n = rule.next_look(n)
+    assert [size for role, size in executor.batches if role == "confirm"] == looks
+    assert [size for role, size in executor.batches if role == "screen"] == [1]
+
+
+def test_a_half_stored_session_is_measured_again_as_a_whole(tmp_path):
+    store = MemoryStore()
+    first = FakeRunner({("amp", "bf16"): 1.3}, seed=1)
+    make(tmp_path, first, {"amp": ["off", "bf16"]}, store=store)[0].run()
+    # Forget one arm of the screen session, as a kill between storing its arms would.
+    screen_keys = [k for k in store._done if k.startswith("screen/amp/")]
+    assert len(screen_keys) == 2
+    del store._done[screen_keys[1]]
+    again = FakeRunner({("amp", "bf16"): 1.3}, seed=2)
+    doc = make(tmp_path, again, {"amp": ["off", "bf16"]}, store=store)[0].run()
+    assert [len(s) for s in again.sessions] == [2]  # only the screen session ran again, both arms
+    assert doc["counts"]["trials_run"] == 2
+
+
+def test_the_guard_re_measures_sessions_under_a_cpu_hog_and_the_search_stays_right(tmp_path):
+    # A hog takes half the machine 5 s in every 12; a no-op knob and a real +30 % win.
+    machine = LoadedMachine({("num_workers", 2): 1.3}, load=hog(5, 7, 0.5), arm_sd=0.03, session_sd=0.05, seed=7)
+    guard = StabilityGuard(settle_s=6.0)
+    search, _ = make(tmp_path, machine, {"num_workers": [0, 2], "prefetch_factor": [None, 4]}, guard=guard)
+    search.broker.sleep = machine.sleep
+    doc = search.run()
+    verdicts = {d["knob"]: d for d in doc["decisions"]}
+    assert verdicts["num_workers"]["kept"] and verdicts["num_workers"]["verdict"] == "improved"
+    assert verdicts["prefetch_factor"]["verdict"] not in ("improved", "regressed")
+    st = doc["stability"]
+    assert st["retries"] >= 1 and any(not p["stable"] for p in st["points"])
+    # Re-runs are sessions of their own (keys with /retryN), noted as trials like any other.
+    assert any("/retry1/" in t["key"] for t in doc["trials"])
+    for d in doc["decisions"]:
+        if d["extra"].get("unstable"):
+            assert any(f"{d['knob']}={d['to']}" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_a_session_still_unstable_after_its_retries_marks_the_verdict_and_warns(tmp_path):
+    # The hog is on for most of every period: retries cannot find a steady machine.
+    machine = LoadedMachine({("amp", "bf16"): 1.3}, load=hog(9, 1, 0.3), arm_sd=0.03, session_sd=0.05, seed=3)
+    guard = StabilityGuard(settle_s=1.0, max_retries=1)
+    search, _ = make(tmp_path, machine, {"amp": ["off", "bf16"]}, guard=guard)
+    search.broker.sleep = machine.sleep
+    doc = search.run()
+    (amp,) = [d for d in doc["decisions"] if d["knob"] == "amp"]
+    assert amp["extra"].get("unstable"), amp
+    assert doc["stability"]["unstable_verdicts"] >= 1
+    assert any("unstable" in w and "amp=bf16" in w for w in doc["warnings"]), doc["warnings"]
