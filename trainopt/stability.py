@@ -142,15 +142,17 @@ def observe(
         role: ``screen``, ``confirm``, ``holdout`` or ``final``.
         settings_hash: The incumbent's settings hash.
     """
+    # The incumbent's windows only: its configuration is the same in every session of one
+    # knob, while candidates differ (loader workers make windows far more uneven), so the
+    # incumbent's noise is comparable from session to session and the candidates' is not.
+    incumbent = session.arms[incumbent_index]
     noises = []
-    for arm in session.arms:
-        if not arm.ok:
-            continue
+    if incumbent.ok:
+        arm = incumbent
         windows = arm.windows[arm.steady_from:] if len(arm.windows) - arm.steady_from >= 3 else arm.windows
         n = window_noise(windows)
         if n is not None:
             noises.append(n)
-    incumbent = session.arms[incumbent_index]
     level = incumbent.samples_per_s if incumbent.ok and incumbent.samples_per_s else None
     return Observation(
         t_s=float(t_s),
@@ -191,9 +193,9 @@ class StabilityGuard:
             running median noise ...
         noise_floor: ... and this absolute noise (a jump from 1 % to 4 % is no problem).
         min_noise_history: Stable sessions needed before noise is judged against its history.
-        noise_ceiling: Noise beyond which a session is unstable whatever came before: load
-            that comes and goes all through a search never shows as a jump, but it scatters
-            the windows far more than a steady machine does (window noise of 5-15 %).
+        noise_ceiling: Noise beyond which a session is unstable whatever came before (load
+            present all through a search never shows as a jump). Off by default: an
+            input-bound configuration's windows scatter by 40-50 % on a steady machine.
         history: How many of the latest stable sessions form a level (and, times three,
             the usual noise): a slow drift over a long search moves the reference along,
             a burst of load does not.
@@ -213,7 +215,7 @@ class StabilityGuard:
         noise_ratio: float = 3.0,
         noise_floor: float = 0.08,
         min_noise_history: int = 3,
-        noise_ceiling: float = 0.2,
+        noise_ceiling: float | None = None,
         history: int = 12,
         persist: int = 3,
     ):
@@ -240,7 +242,9 @@ class StabilityGuard:
         # consecutive sessions since the last stable one that showed a shifted level.
         self._levels: dict[tuple[str, str], list[float]] = {}
         self._shifted: dict[tuple[str, str], list[float]] = {}
-        self._noises: list[float] = []
+        # Per (settings_hash, where): window noise of the stable sessions. Per incumbent, as
+        # its configuration sets its noise (loader workers make windows far more uneven).
+        self._noises: dict[tuple[str, str], list[float]] = {}
 
     # ---- judging --------------------------------------------------------------------------
 
@@ -278,14 +282,15 @@ class StabilityGuard:
     def _noise_reason(self, obs: Observation) -> str:
         if obs.noise is None:
             return ""
-        if obs.noise > self.noise_ceiling:
+        if self.noise_ceiling is not None and obs.noise > self.noise_ceiling:
             return (
                 f"window noise {obs.noise:.0%}, above the {self.noise_ceiling:.0%} a steady machine shows "
                 f"(load that comes and goes within the session)"
             )
-        if len(self._noises) < self.min_noise_history:
+        noises = self._noises.get(self._key(obs), [])
+        if len(noises) < self.min_noise_history:
             return ""
-        usual = statistics.median(self._noises[-3 * self.history:])
+        usual = statistics.median(noises[-3 * self.history:])
         if obs.noise <= self.noise_floor or obs.noise <= self.noise_ratio * usual:
             return ""
         return (
@@ -323,7 +328,7 @@ class StabilityGuard:
                 self._levels.setdefault(key, []).append(level)
             self._shifted.pop(key, None)
             if obs.noise is not None:
-                self._noises.append(obs.noise)
+                self._noises.setdefault(key, []).append(obs.noise)
         elif level is not None and not self._noise_reason(obs):
             # A shifted level with ordinary noise: a candidate for the machine's new level.
             self._shifted.setdefault(key, []).append(level)

@@ -66,8 +66,10 @@ def test_a_half_stored_session_is_measured_again_as_a_whole(tmp_path):
 
 
 def test_the_guard_re_measures_sessions_under_a_cpu_hog_and_the_search_stays_right(tmp_path):
-    # A hog takes half the machine 5 s in every 12; a no-op knob and a real +30 % win.
-    machine = LoadedMachine({("num_workers", 2): 1.3}, load=hog(5, 7, 0.5), arm_sd=0.03, session_sd=0.05, seed=7)
+    # After a quiet start, a hog takes half the machine 5 s in every 12; a no-op knob and a real +30 % win.
+    h = hog(5, 7, 0.5)
+    machine = LoadedMachine({("num_workers", 2): 1.3}, load=lambda t: h(t) if t > 120 else 1.0, arm_sd=0.03,
+                            session_sd=0.05, seed=7)
     guard = StabilityGuard(settle_s=6.0)
     search, _ = make(tmp_path, machine, {"num_workers": [0, 2], "prefetch_factor": [None, 4]}, guard=guard)
     search.broker.sleep = machine.sleep
@@ -86,7 +88,8 @@ def test_the_guard_re_measures_sessions_under_a_cpu_hog_and_the_search_stays_rig
 
 def test_a_session_still_unstable_after_its_retries_marks_the_verdict_and_warns(tmp_path):
     # The hog is on for most of every period: retries cannot find a steady machine.
-    machine = LoadedMachine({("amp", "bf16"): 1.3}, load=hog(9, 1, 0.3), arm_sd=0.03, session_sd=0.05, seed=3)
+    h = hog(9, 1, 0.3)
+    machine = LoadedMachine({("amp", "bf16"): 1.3}, load=lambda t: h(t) if t > 60 else 1.0, arm_sd=0.03, session_sd=0.05, seed=3)
     guard = StabilityGuard(settle_s=1.0, max_retries=1)
     search, _ = make(tmp_path, machine, {"amp": ["off", "bf16"]}, guard=guard)
     search.broker.sleep = machine.sleep
