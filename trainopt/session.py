@@ -580,6 +580,10 @@ class InterleavedSessionRunner:
         """Measure every request in one interleaved session (or fall back to sequential)."""
         start = time.perf_counter()
         n = len(requests)
+        if any(r.spec.get("distributed") for r in requests):
+            # A data-parallel trial is a torchrun job of several ranks, not one forked arm.
+            return self._sequential(requests, log_paths, timeout_s, seed, start,
+                                    "data-parallel trials run as torchrun jobs, one at a time")
         arms: list[_Arm] = []
         try:
             try:
