@@ -152,6 +152,10 @@ def _summary(doc: dict[str, Any]) -> str:
         lines.append(f"diagnosis: {doc['diagnosis'].get('text')}")
     b = final.get("baseline_samples_per_s") or base.get("samples_per_s")
     a = best.get("samples_per_s")
+    kept_first = next((d for d in doc["decisions"] if d["kept"]), None)
+    if best.get("source") == "first-kept-change" and kept_first and kept_first.get("before_samples_per_s"):
+        # Both figures from the sessions that measured that change, side by side.
+        b = kept_first["before_samples_per_s"]
     if b and a:
         ci = doc.get("speedup_ci")
         pairs = best.get("n_pairs", final.get("n_pairs"))
