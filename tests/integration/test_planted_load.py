@@ -2,8 +2,8 @@
 
 The workload is input-bound (slow storage that two loader workers hide: a real win) and
 has a knob whose two values are the same configuration (``prefetch_factor`` null is
-PyTorch's 2 once there are workers). The hog starts after the baseline, so the first
-sessions set the machine's level, then comes and goes: every CPU busy for 3 s, idle for
+PyTorch's 2 once there are workers). The hog starts after the first
+stage's sessions have set the machine's level, then comes and goes: every CPU busy for 3 s, idle for
 4 s. The search must still find the real win, must not call the no-op knob faster or
 slower, and must show what the machine did: the guard's re-runs, and a warning for any
 verdict it could not re-measure on a steady machine.
@@ -25,6 +25,10 @@ from tests.conftest import tiny_spec_dict
 
 pytestmark = pytest.mark.integration
 
+# The hog starts once the first sessions have shown the machine's level (the guard judges a
+# session against the stable sessions of the same incumbent before it).
+HOG_START_S = "25"
+
 HOG = """
 import os, sys, time
 on, off = float(sys.argv[1]), float(sys.argv[2])
@@ -38,8 +42,12 @@ while True:
 
 
 def test_a_search_under_a_planted_cpu_hog_finds_the_win_and_flags_the_machine(tmp_path):
+    # Half of each step sleeps on slow storage (two loader workers hide it: a real win), half
+    # computes (a hog slows it: the machine's level moves).
     data = tiny_spec_dict(
-        data={"name": "synthetic-tabular", "args": {"size": 512, "features": 16, "latency_ms": 1.0}},
+        model={"name": "mlp", "args": {"hidden": 1024, "layers": 4}},
+        baseline={"batch_size": 64, "threads": 1},
+        data={"name": "synthetic-tabular", "args": {"size": 1024, "features": 16, "latency_ms": 0.3}},
         search={"num_workers": [0, 2], "prefetch_factor": [None, 2]},
         measure={"pairs": 6, "max_pairs": 9, "confidence": 0.9, "windows": 6, "window_seconds": 0.15},
     )
@@ -48,8 +56,8 @@ def test_a_search_under_a_planted_cpu_hog_finds_the_win_and_flags_the_machine(tm
     out = tmp_path / "out"
     hog_script = tmp_path / "hog.py"
     hog_script.write_text(HOG)
-    # One busy process per core, starting after the baseline and the first screen.
-    hogs = [subprocess.Popen([sys.executable, str(hog_script), "3", "4", "12"]) for _ in range(os.cpu_count() or 2)]
+    # One busy process per core.
+    hogs = [subprocess.Popen([sys.executable, str(hog_script), "3", "4", HOG_START_S]) for _ in range(os.cpu_count() or 2)]
     try:
         proc = subprocess.run([sys.executable, "-m", "trainopt", "search", str(spec), "--out", str(out)],
                               capture_output=True, text=True, timeout=1500)
