@@ -1,14 +1,16 @@
-"""The trial broker: every trial the search asks for goes through here.
+"""The trial broker: every trial and session the search asks for goes through here.
 
 A trial is identified by a deterministic key (what it measures and why); the broker
 answers from the store when that key has finished before, records a knob that cannot
 apply on this device as ``not_applicable`` without running it, and otherwise runs it
-through the ``Runner``. Every trial used is noted in the ``SearchState``.
+through the ``Runner`` (the baseline, the memory probes). Sessions (screens, confirmation
+and held-out pairs, the final check) go to the ``SessionExecutor``, each arm keyed and
+stored like a trial, and are judged by the stability guard. Every trial used is noted in
+the ``SearchState``.
 """
 
 from __future__ import annotations
 
-import random
 import time
 import zlib
 from dataclasses import dataclass
@@ -274,25 +276,3 @@ class TrialBroker:
 
     def _note(self, key: str, meta: dict[str, Any], result: TrialResult) -> None:
         self.state.trials.append(TrialRecord(id=len(self.state.trials), key=key, result=result, **meta))
-
-    def pairs(self, incumbent: dict[str, Any], candidate: dict[str, Any], *, stage: str, knob: str) -> Callable[[int], Pair]:
-        """A ``next_pair`` for ``confirmation.confirm``: fresh pairs, order inside each randomised.
-
-        The order is drawn from a seed fixed by the two settings, so a resumed search asks
-        for the same keys in the same order and finds them in the store. If the first trial
-        of a pair fails, the second is not run.
-        """
-        base = f"{plan.settings_hash(incumbent)}-vs-{plan.settings_hash(candidate)}"
-        rng = random.Random(zlib.crc32(f"{self.spec.measure.seed}/{knob}/{base}".encode()))
-
-        def next_pair(i: int) -> Pair:
-            order = ("candidate", "incumbent") if rng.random() < 0.5 else ("incumbent", "candidate")
-            got: dict[str, TrialResult] = {}
-            for who in order:
-                settings = candidate if who == "candidate" else incumbent
-                got[who] = self.trial(settings, stage=stage, knob=knob, role="confirm", tag=f"{base}/pair{i}/{who}")
-                if not got[who].ok:
-                    break
-            return Pair(candidate=got.get("candidate"), incumbent=got.get("incumbent"))
-
-        return next_pair
