@@ -1,0 +1,79 @@
+"""Verdicts of the whole search, simulated through ``Search`` with a fake runner of known truth.
+
+Every row runs ``--reps`` complete searches of one knob (screen session, sequential
+confirmations on fresh pair sessions, held-out pairs, final check) through
+``tests.fakes.FakeRunner`` and ``tests.fakes.MemoryStore``: the real decision code, fake
+processes. Noise is the pair log-ratio sd of a session (0.06: live arms at one thread here;
+0.10: live arms at 2 threads on 2 cores; 0.165: fresh sequential processes).
+
+Printed per row: adoption of the change (the knob's kept value is the true one), false
+``improved`` per knob (A/A), mean sessions per search, and the mean reported speedup among
+kept changes with the coverage of their reported interval.
+
+Usage:
+    python benchmarks/search_verdicts.py [--reps 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import tiny_spec_dict  # noqa: E402
+from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
+from trainopt.confirmation import IntervalRule  # noqa: E402
+from trainopt.search import Search  # noqa: E402
+from trainopt.spec import spec_from_dict  # noqa: E402
+
+
+def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_speedup=0.03, max_pairs=20, old=False):
+    adopted = false_wins = sessions = 0
+    reported, covered = [], 0
+    for seed in range(reps):
+        measure = {"pairs": 6, "max_pairs": max_pairs, "confidence": 0.95, "min_speedup": min_speedup}
+        spec = spec_from_dict(tiny_spec_dict(search={"num_workers": list(values)}, measure=measure), "t.yaml", tmp)
+        runner = FakeRunner({("num_workers", winner): effect}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
+        rule = IntervalRule.from_measure(spec.measure) if old else None
+        doc = Search(spec, tmp, runner, MemoryStore(), rule=rule).run()
+        ds = [d for d in doc["decisions"] if d["knob"] == "num_workers"]
+        kept = [d for d in ds if d["kept"]]
+        sessions += len(runner.sessions)
+        if effect == 1.0:
+            false_wins += any(d["verdict"] == "improved" for d in ds)
+        if kept and kept[0]["to"] == winner:
+            adopted += 1
+            reported.append(kept[0]["speedup"])
+            covered += kept[0]["ci"][0] <= effect <= kept[0]["ci"][1]
+    mean = f"{statistics.fmean(reported):.4f}" if reported else "—"
+    cov = f"{covered / len(reported):.1%}" if reported else "—"
+    return adopted / reps, false_wins / reps, sessions / reps, mean, cov
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=400)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    print(f"knob num_workers with candidates 1 and 2 (2 is the true change); pairs 6; {args.reps} searches per row")
+    print("| rule | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for old in (False, True):
+        for max_pairs in (20, 14):
+            for sd in (0.06, 0.10, 0.165):
+                for effect in (1.0, 1.05, 1.10, 1.25):
+                    for ms in ((0.0, 0.03) if effect == 1.0 else (0.03,)):
+                        a, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
+                                            min_speedup=ms, max_pairs=max_pairs, old=old)
+                        print(f"| {'old interval' if old else 'sequential'} | {max_pairs} | {sd} | {ms} | {effect} | "
+                              f"{a:.1%} | {f:.1%} | {s:.1f} | {m} | {c} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
