@@ -537,3 +537,19 @@ def test_results_without_a_stability_record_still_render(tmp_path):
     doc["warnings"] = []
     html = write_report(tmp_path, doc).read_text(encoding="utf-8")
     assert "0 sessions; 0 re-runs; no verdict measured on an unstable machine" in html
+
+
+def test_the_report_says_where_the_trials_ran(tmp_path):
+    from trainopt.report.html import render_html
+
+    doc = {"name": "p", "complete": True, "decisions": [], "trials": [
+        {"status": "ok", "slot": 0, "node": "host-a", "device": "cpu:0", "session": {"id": "screen/amp/s", "mode": "interleaved"}},
+        {"status": "ok", "slot": 0, "node": "host-a", "device": "cpu:0", "session": {"id": "screen/amp/s", "mode": "interleaved"}},
+        {"status": "ok", "slot": 1, "node": "<host-b>", "device": "cpu:1", "session": {"id": "confirm/amp/p0", "mode": "sequential"}},
+        {"status": "not_applicable", "slot": None},
+    ]}
+    html = render_html(doc, {}, tmp_path)
+    section = html[html.index('id="placement"'):html.index('id="environment"')]
+    assert "<td>host-a</td><td>cpu:0</td><td class=\"num\">2</td><td class=\"num\">1</td><td>interleaved</td>" in section
+    assert "&lt;host-b&gt;" in section and "<host-b>" not in section
+    assert "sequential" in section

@@ -475,6 +475,25 @@ def _baseline_failure(doc: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _placement_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where the trials ran: one row per slot, node and device, with its trial and session counts."""
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for t in doc.get("trials") or []:
+        if t.get("status") == "not_applicable":
+            continue
+        slot = "" if t.get("slot") is None else str(t.get("slot"))
+        key = (slot, str(t.get("node") or ""), str(t.get("device") or ""))
+        g = groups.setdefault(key, {"slot": key[0] or "—", "node": key[1] or "—", "device": key[2] or "—",
+                                    "trials": 0, "sessions": set(), "modes": set()})
+        g["trials"] += 1
+        session = t.get("session") or {}
+        if session.get("id"):
+            g["sessions"].add(session["id"])
+            g["modes"].add(str(session.get("mode") or ""))
+    return [{**g, "sessions": len(g["sessions"]), "modes": ", ".join(sorted(m for m in g["modes"] if m)) or "—"}
+            for g in groups.values()]
+
+
 def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir: Path) -> dict[str, Any]:
     """Everything the template shows, as display-ready strings and flags.
 
@@ -506,6 +525,7 @@ def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir:
         "batch": _batch_section(doc, inline.get("batch_size.png")),
         "compile": _compile_rows(doc),
         "env": _env_rows(doc.get("env")),
+        "placement": _placement_rows(doc),
         "settings_yaml": settings_yaml,
         "snippet": snippet,
         "snippet_problem": snippet_problem,
