@@ -53,7 +53,6 @@ class KnobStage:
 
     def __init__(self, broker: TrialBroker, measure: Any, *, run_length_steps: int, decisions: list[Decision], rule: Any = None):
         self.rule = rule
-        self._marks: list[tuple[Decision, int]] = []
         self.broker = broker
         self.measure = measure
         self.pairs = measure.pairs
@@ -120,6 +119,8 @@ class KnobStage:
         """
         selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
         improved: list[tuple[float, Decision, dict[str, Any]]] = []
+        # Each decision and where its sessions start in the broker's list of unstable ones.
+        marks: list[tuple[Decision, int]] = []
         for index, (settings, r, sp) in enumerate(screens):
             d = Decision(
                 knob=knob,
@@ -139,9 +140,8 @@ class KnobStage:
                 # Marked: the machine shifted during a session this verdict rests on, and
                 # measuring again did not find it steady.
                 d.extra["unstable"] = "; ".join(screen_unstable)
-            n0 = len(self.broker.unstable)
             self.decisions.append(d)
-            self._mark_unstable(d, n0)
+            marks.append((d, len(self.broker.unstable)))
             if not r.ok:
                 d.verdict, d.reason = r.status, r.error or r.status
                 continue
@@ -169,8 +169,13 @@ class KnobStage:
             if d.verdict != "improved":
                 continue
             est, held = self._holdout(incumbent, settings, knob, stage)
+            failed = next((p.candidate for p in held if not p.candidate.ok), None)
+            if failed is not None:
+                # A candidate that fails when measured again is not shipped, however fast it was.
+                d.verdict, d.reason = failed.status, f"{d.reason}; then failed in a held-out pair: {failed.error}"
+                continue
             if est is None:
-                d.reason += "; the held-out pairs failed, so the figure is the deciding interval's (may run high)"
+                d.reason += "; an incumbent arm failed in the held-out pairs, so the figure is the deciding interval's (may run high)"
                 improved.append((iv.speedup, d, settings))
                 continue
             d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
@@ -179,12 +184,11 @@ class KnobStage:
             d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
             improved.append((est.speedup, d, settings))
         # Each decision's sessions ran between its own start and the next decision's.
-        ends = [n0 for _, n0 in self._marks[1:]] + [len(self.broker.unstable)]
-        for (d, n0), end in zip(self._marks, ends):
+        ends = [n0 for _, n0 in marks[1:]] + [len(self.broker.unstable)]
+        for (d, n0), end in zip(marks, ends):
             own = self.broker.unstable[n0:end]
             if own:
                 d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *own]))
-        self._marks = []
         if not improved:
             return incumbent
         best = max(improved, key=lambda t: t[0])
@@ -193,10 +197,6 @@ class KnobStage:
             if d is not best[1]:
                 d.reason += f"; not kept: {knob}={best[1].to_value} was faster"
         return best[2]
-
-    def _mark_unstable(self, d: Decision, n0: int) -> None:
-        """Note where this decision's sessions start in the broker's list of unstable sessions."""
-        self._marks.append((d, n0))
 
     @staticmethod
     def _figures(d: Decision, inc: list[TrialResult], cand: list[TrialResult]) -> None:

@@ -286,3 +286,20 @@ def test_the_results_document_is_made_from_a_plain_state(tmp_path):
     assert doc["trials"][0]["log"] == "logs/0000-baseline-baseline.log"
     assert doc["counts"] == {"trials_run": 1, "trials_reused": 0}
     assert doc["measure"] == spec.measure.model_dump(mode="json")
+
+
+def test_a_candidate_that_fails_in_its_held_out_pairs_is_not_adopted(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5})
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    original = runner.run
+
+    def crash_in_holdout(request, log_path, timeout_s):
+        if request.trial_id.startswith("holdout/") and request.settings["amp"] == "bf16":
+            return TrialResult(status="crashed", settings=request.settings, error="fake crash", env={"device_type": "cpu"})
+        return original(request, log_path, timeout_s)
+
+    runner.run = crash_in_holdout
+    doc = search.run()
+    (amp,) = by_knob(doc, "amp")
+    assert amp["verdict"] == "crashed" and not amp["kept"] and "held-out pair" in amp["reason"]
+    assert doc["best"]["settings"] == spec.baseline
