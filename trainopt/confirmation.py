@@ -4,8 +4,11 @@ The loop is a pure function over two seams: ``next_pair(i)`` produces the i-th p
 trial results (in production by running trials; in tests from a list), and a
 ``DecisionRule`` says after each pair whether to go on and, when done, the verdict. So
 the rule can be swapped without touching how trials are run, and the loop is testable
-without processes. ``IntervalRule`` is the rule described in the README: a fixed number
-of pairs, then more while the interval straddles a boundary, then ``stats.verdict``.
+without processes. The search's rule is ``sequential.SequentialRule`` (alpha spent over
+planned looks). ``IntervalRule`` is the earlier rule, kept for comparison in the tests and
+benchmarks: a fixed number of pairs, then more while the interval straddles a boundary,
+then ``stats.verdict`` - it looks after every added pair without spending its error, so
+its false-win rate exceeds its nominal level.
 """
 
 from __future__ import annotations
