@@ -9,7 +9,9 @@ both runs' verdicts, which must agree.
 
 Usage (the figures need a quiet machine):
     python benchmarks/slots.py [--reps 1] [--pairs 6] [--max-pairs 12] [--confidence 0.9]
-        [--window-seconds 0.2] [--windows 4] [--latency-ms 1.0] [--keep DIR]
+        [--window-seconds 0.2] [--windows 4] [--latency-ms 1.0] [--workers 0 1 2] [--keep DIR]
+
+It also times what the orchestrator spends storing one arm in the default SQLite store.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def spec_data(args) -> dict:
         "loss": "cross_entropy",
         "optimizer": {"name": "sgd", "args": {"lr": 0.05}},
         "baseline": {"batch_size": 16, "threads": 1},
-        "search": {"num_workers": [0, 2]},
+        "search": {"num_workers": args.workers},
         "measure": {
             "warmup_steps": 3,
             "warmup_seconds": 0.2,
@@ -76,8 +78,59 @@ def run_search(spec: Path, out: Path, parallel: int) -> tuple[float, dict]:
     doc = json.loads((out / "results.json").read_text())
     sessions = {t["session"]["id"] for t in doc["trials"] if t["session"]}
     info = {"verdicts": verdicts(doc), "trials": len(doc["trials"]), "sessions": len(sessions),
-            "slots": sorted({t["slot"] for t in doc["trials"] if t["slot"] is not None})}
+            "slots": sorted({t["slot"] for t in doc["trials"] if t["slot"] is not None}),
+            "time_by_role": time_by_role(out, doc)}
     return wall, info
+
+
+def time_by_role(out: Path, doc: dict) -> dict[str, list[float]]:
+    """Role -> each session's wall time on its slot (from ``env["session_span"]``), plus the
+    lone trials (baseline, probes) by their own wall time."""
+    seen: dict[str, tuple[str, float]] = {}
+    lone: dict[str, list[float]] = {}
+    for t in doc["trials"]:
+        if t["session"]:
+            env = json.loads((out / "trials" / (Path(t["log"]).stem + ".result.json")).read_text())["env"]
+            start, end = env["session_span"]
+            seen[t["session"]["id"]] = (t["role"], end - start)
+        elif t["wall_s"]:
+            lone.setdefault(t["role"], []).append(t["wall_s"])
+    by_role: dict[str, list[float]] = dict(lone)
+    for role, seconds in seen.values():
+        by_role.setdefault(role, []).append(seconds)
+    return by_role
+
+
+# Sessions that run alone whatever the slots: lone trials, the one screen session of a knob,
+# and the final check (exclusive). The rest (confirmation pairs up to each look, holdout
+# pairs) are handed to the executor as batches.
+ALONE = ("baseline", "probe", "screen", "final")
+
+
+def amdahl(wall: float, by_role: dict[str, list[float]], slots: int) -> tuple[float, float, float]:
+    """(seconds that must stay serial, seconds in batches, best wall-time ratio ``slots`` allow)."""
+    alone = sum(sum(v) for r, v in by_role.items() if r in ALONE)
+    batched = sum(sum(v) for r, v in by_role.items() if r not in ALONE)
+    return alone, batched, wall / (wall - batched + batched / slots)
+
+
+def store_cost(root: Path, arms: int = 200) -> float:
+    """Seconds the orchestrator spends storing one arm (open + finish) in the default SQLite store."""
+    from trainopt.protocol import TrialResult
+    from trainopt.store import TrialStore, default_storage_url
+
+    folder = root / "store-cost"
+    folder.mkdir(parents=True, exist_ok=True)
+    store = TrialStore(default_storage_url(folder), "store-cost", "fingerprint")
+    result = TrialResult(status="ok", settings={"batch_size": 16, "num_workers": 2}, samples_per_s=1234.5,
+                         windows=[1234.5] * 12, env={"slot": 1, "node": "n", "device": "cpu:1", "cpu_set": [1]},
+                         session={"id": "confirm/k/abc/pair3", "arm": 0, "arms": 2, "mode": "interleaved"})
+    t0 = time.perf_counter()
+    for i in range(arms):
+        key = f"confirm/num_workers/abc/pair{i}/arm0/0123456789abcdef"
+        meta = {"stage": "input", "knob": "num_workers", "role": "confirm", "tag": f"pair{i}", "mode": "measure"}
+        store.finish(store.begin(key, meta), key, meta, result)
+    return (time.perf_counter() - t0) / arms
 
 
 def main() -> None:
@@ -89,6 +142,7 @@ def main() -> None:
     ap.add_argument("--window-seconds", type=float, default=0.2)
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--latency-ms", type=float, default=1.0)
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="the num_workers levels searched")
     ap.add_argument("--keep", type=Path, default=None, help="keep the output folders here")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
@@ -110,6 +164,12 @@ def main() -> None:
     print(f"\n--parallel 1: median {one:.1f} s  {['%.1f' % w for w in walls[1]]}")
     print(f"--parallel 2: median {two:.1f} s  {['%.1f' % w for w in walls[2]]}")
     print(f"speed-up (parallel 1 / parallel 2): {one / two:.2f}x")
+    for rep, (wall, info) in enumerate(zip(walls[1], infos[1])):
+        alone, batched, bound = amdahl(wall, info["time_by_role"], 2)
+        counts = {r: len(v) for r, v in info["time_by_role"].items()}
+        print(f"--parallel 1 rep {rep}: {alone:.1f} s in trials/sessions that run alone, {batched:.1f} s in batched "
+              f"sessions, {wall - alone - batched:.1f} s elsewhere (start-up, orchestrator); sessions by role {counts}; "
+              f"best ratio two slots allow: {bound:.2f}x")
     for n in (1, 2):
         for rep, info in enumerate(infos[n]):
             print(f"verdicts --parallel {n} rep {rep}: {json.dumps(info['verdicts'])}")
@@ -117,6 +177,7 @@ def main() -> None:
                and i["verdicts"]["final"] == infos[1][0]["verdicts"]["final"]
                and i["verdicts"]["best"] == infos[1][0]["verdicts"]["best"] for n in (1, 2) for i in infos[n])
     print(f"same verdicts in every run: {same}")
+    print(f"store cost per arm (SQLite, open + finish): {1000 * store_cost(root):.1f} ms")
     print(f"outputs: {root}")
 
 
