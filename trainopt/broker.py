@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from trainopt import knobs, plan
 from trainopt.confirmation import Pair
-from trainopt.executor import SessionExecutor, SessionJob
+from trainopt.executor import SessionExecutor, SessionJob, record_local
 from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.runner import Runner
 from trainopt.session import SessionResult
@@ -128,6 +128,8 @@ class TrialBroker:
         detail = f"{knob}={settings[knob]}" if knob in settings else ""
         self.progress.trial_started(stage=stage, knob=knob, role=role, detail=detail)
         result = self.runner.run(request, self.out_dir / "logs" / f"{name}.log", self.spec.measure.trial_timeout_s)
+        # Outside every slot: on this machine, alone, unpinned (the report shows where each trial ran).
+        record_local(result)
         self.state.ran += 1
         self.progress.trial_finished(result)
         return result

@@ -24,7 +24,9 @@ import os
 import platform
 import shutil
 import socket
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -166,6 +168,7 @@ class _SlotActor:
                 requests.append(TrialRequest(**data))
                 logs.append(folder / "logs" / f"arm{i}.log")
             done: queue.Queue = queue.Queue()
+            t0 = time.time()
 
             def task() -> None:
                 try:
@@ -181,7 +184,8 @@ class _SlotActor:
             if kind == "error":
                 raise value
             texts = [p.read_text(errors="replace") if p.exists() else "" for p in logs]
-            return {"session": value.to_dict(), "logs": texts, "device": self.slot.device, "host": socket.gethostname()}
+            return {"session": value.to_dict(), "logs": texts, "device": self.slot.device, "host": socket.gethostname(),
+                    "span": [t0, time.time()]}
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -264,6 +268,8 @@ class RayExecutor:
         pending = collections.deque(range(len(jobs)))
         results: list[SessionResult | None] = [None] * len(jobs)
         running: dict[Any, tuple[int, int]] = {}
+        # Job index -> how many times its slot was lost under it.
+        tries: collections.Counter[int] = collections.Counter()
         free = sorted(self._actors)
         try:
             while pending or running:
@@ -286,11 +292,16 @@ class RayExecutor:
                         self._actors.pop(k, None)
                         self.lost_slots.append(k)
                         self.reruns += 1
+                        tries[i] += 1
+                        slot = self.plan[k]
+                        print(f"trainopt: Ray slot {k} on {slot.host} (node {slot.node_id[:12]}) was lost mid-session; "
+                              f"session {jobs[i].requests[0].trial_id} runs again on the remaining slots",
+                              file=sys.stderr)
                         pending.appendleft(i)
                         continue
                     except ray.exceptions.RayTaskError as exc:
                         raise exc.as_instanceof_cause() from None
-                    results[i] = self._land(jobs[i], out, k)
+                    results[i] = self._land(jobs[i], out, k, reruns=tries[i])
                     free.append(k)
         except BaseException:
             # Interrupted: ask the actors to drop their sessions; close() ends them for good.
@@ -303,8 +314,12 @@ class RayExecutor:
             raise
         return results  # type: ignore[return-value]
 
-    def _land(self, job: SessionJob, out: dict[str, Any], k: int) -> SessionResult:
-        """Write a finished session's logs and results into the output folder."""
+    def _land(self, job: SessionJob, out: dict[str, Any], k: int, reruns: int = 0) -> SessionResult:
+        """Write a finished session's logs and results into the output folder.
+
+        ``reruns``: how many times the session was lost with its slot before this result;
+        kept as ``env["session_reruns"]`` on every arm when not 0.
+        """
         result = session_from_dict(out["session"])
         for arm, log_path, text in zip(result.arms, job.log_paths, out["logs"]):
             log_path = Path(log_path)
@@ -313,9 +328,13 @@ class RayExecutor:
                 f.write(text)
             arm.log_path = str(log_path)
         slot = self.plan[k]
-        record_placement(result, slot=k, node=out.get("host") or slot.host, device=out["device"])
+        span = out.get("span")
+        record_placement(result, slot=k, node=out.get("host") or slot.host, device=out["device"],
+                         span=tuple(span) if span else None)
         for arm, request in zip(result.arms, job.requests):
             arm.env["ray_node_id"] = slot.node_id
+            if reruns:
+                arm.env["session_reruns"] = reruns
             write_json_atomic(request.result_path, arm.to_dict())
         self.fingerprints.check(f"slot {k} on {slot.host}", result)
         return result

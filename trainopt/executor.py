@@ -18,17 +18,18 @@ import os
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from trainopt import slots as slotplan
 from trainopt.atomic import write_json_atomic
-from trainopt.protocol import TrialRequest
+from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.session import InterleavedSessionRunner, SessionResult, SessionRunner
 from trainopt.slots import Slot
 
-__all__ = ["SessionJob", "SessionExecutor", "SerialExecutor", "SlotExecutor", "record_placement",
+__all__ = ["SessionJob", "SessionExecutor", "SerialExecutor", "SlotExecutor", "record_placement", "record_local",
            "FingerprintCheck", "local_device"]
 
 
@@ -74,7 +75,8 @@ def local_device(device_type: str | None, environ: Mapping[str, str] | None = No
 
 
 def record_placement(result: SessionResult, *, slot: int, node: str, device: str | None,
-                     requests: Sequence[TrialRequest] | None = None) -> SessionResult:
+                     requests: Sequence[TrialRequest] | None = None,
+                     span: tuple[float, float] | None = None) -> SessionResult:
     """Write slot, node and device into every arm's ``env`` (and into its result file).
 
     Args:
@@ -85,12 +87,30 @@ def record_placement(result: SessionResult, *, slot: int, node: str, device: str
         requests: The session's requests: each arm's result file at ``result_path`` is
             rewritten with the placement when it exists, so the file and the returned
             result agree.
+        span: When the session started and ended on its slot (Unix seconds), kept as
+            ``env["session_span"]``: which sessions ran side by side can be read back.
     """
     for i, arm in enumerate(result.arms):
         arm.env = {**(arm.env or {}), "slot": slot, "node": node,
                    "device": device or local_device(arm.env.get("device_type") if arm.env else None)}
+        if span is not None:
+            arm.env["session_span"] = [round(span[0], 3), round(span[1], 3)]
         if requests is not None and Path(requests[i].result_path).exists():
             write_json_atomic(requests[i].result_path, arm.to_dict())
+    return result
+
+
+def record_local(result: TrialResult) -> TrialResult:
+    """Node and device of a trial run outside every slot (baseline, batch probes), in its ``env``.
+
+    Such a trial runs alone on this machine, unpinned, so its ``slot`` is None and its
+    device is this process's cores (or visible GPUs). Values the trial already has are kept.
+    """
+    env = result.env if result.env is not None else {}
+    env.setdefault("slot", None)
+    env.setdefault("node", socket.gethostname())
+    env.setdefault("device", local_device(env.get("device_type")))
+    result.env = env
     return result
 
 
@@ -138,8 +158,10 @@ class SerialExecutor:
     def run_many(self, jobs: list[SessionJob], exclusive: bool = False) -> list[SessionResult]:
         results = []
         for job in jobs:
+            t0 = time.time()
             result = self.runner.run_session(job.requests, job.log_paths, job.timeout_s, job.seed)
-            results.append(record_placement(result, slot=0, node=self.node, device=None, requests=job.requests))
+            results.append(record_placement(result, slot=0, node=self.node, device=None, requests=job.requests,
+                                            span=(t0, time.time())))
         return results
 
     def close(self) -> None:
@@ -255,10 +277,11 @@ class SlotExecutor:
                         except queue.Empty:
                             return
                         job = jobs[i]
+                        t0 = time.time()
                         result = worker.runner.run_session(job.requests, job.log_paths, job.timeout_s, job.seed)
                         record_placement(result, slot=worker.slot.index, node=self.node,
                                          device=worker.slot.device if worker.slot.cpus or worker.slot.gpu else None,
-                                         requests=job.requests)
+                                         requests=job.requests, span=(t0, time.time()))
                         self.fingerprints.check(f"slot {worker.slot.index}", result)
                         results[i] = result
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread

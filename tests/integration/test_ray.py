@@ -88,6 +88,8 @@ def test_sessions_lost_with_a_node_are_run_again_on_the_others(tmp_path):
         # Every job has exactly one result, its own; the lost session was measured again elsewhere.
         assert [r.arms[0].settings["batch_size"] for r in results] == [16, 17, 18]
         assert sum(r.arms[0].env["slot"] != doomed for r in results) >= 2
+        rerun = [r for r in results if r.arms[0].env.get("session_reruns")]
+        assert len(rerun) == ex.reruns and all(a.env["slot"] != doomed for r in rerun for a in r.arms)
     finally:
         ray.shutdown()
         cluster.shutdown()

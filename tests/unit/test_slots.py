@@ -180,6 +180,31 @@ def test_slot_executor_runs_jobs_at_once_on_pinned_slots_in_job_order(tmp_path):
         spans = sorted((e[1], e[2]) for e in log)
         assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), "exclusive jobs overlapped"
         assert {e[3][0] for e in log} == {cores[0]}
+        # The executor's own record of each session's span agrees: none overlapped.
+        recorded = sorted(tuple(r.arms[0].env["session_span"]) for r in ex.run_many(_jobs(tmp_path, 2), exclusive=True))
+        assert recorded[0][1] <= recorded[1][0]
+
+
+def test_session_spans_are_recorded_on_every_arm_and_show_overlap(tmp_path):
+    cores = _two_cores()
+    log: list = []
+    with SlotExecutor(2, cpus=cores, gpus=[], runner_factory=lambda slot: _SlowRunner(log, ENV)) as ex:
+        results = ex.run_many(_jobs(tmp_path, 2))
+    spans = [r.arms[0].env["session_span"] for r in results]
+    for r, span in zip(results, spans):
+        assert all(a.env["session_span"] == span for a in r.arms)
+        assert span[1] - span[0] >= 0.29  # the runner's own delay
+    assert min(spans[0][1], spans[1][1]) > max(spans[0][0], spans[1][0]), "two slots did not overlap"
+
+
+def test_a_trial_outside_every_slot_records_this_machine_and_keeps_its_own_values():
+    from trainopt.executor import local_device, record_local
+
+    r = record_local(TrialResult(status="ok", env={"device_type": "cpu"}))
+    assert r.env["slot"] is None and r.env["node"] and r.env["device"] == local_device("cpu")
+    kept = record_local(TrialResult(status="ok", env={"device": "cuda:3", "node": "n1"}))
+    assert kept.env["device"] == "cuda:3" and kept.env["node"] == "n1"
+    assert record_local(TrialResult(status="crashed", env=None)).env["node"]
 
 
 def test_slot_executor_refuses_a_slot_whose_trials_ran_elsewhere(tmp_path):
