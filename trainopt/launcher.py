@@ -38,25 +38,17 @@ PRELOAD = ("torch", "torch._dynamo", "trainopt.measure", "trainopt.workloads", "
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent ends (Linux; no-op elsewhere).
 
     The launcher is told (SIGTERM) when the orchestrator ends, and each arm is killed when
     the launcher ends, so even a ``kill -9`` of the orchestrator leaves no trial process behind.
-
-    Args:
-        sig: The signal to get.
-        parent: The pid the parent had. A parent that died before the request was made
-            sends nothing (this process was already handed to another parent), so that case
-            is checked after the request and ends this process at once.
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if parent is not None and os.getppid() != parent:
-        os._exit(70)
 
 
 def _kill_arms(arms: set[int]) -> None:
@@ -74,13 +66,13 @@ def _kill_arms(arms: set[int]) -> None:
                 continue
 
 
-def _child(control_fd: int, log_fd: int, server: socket.socket, launcher: int) -> None:
+def _child(control_fd: int, log_fd: int, server: socket.socket) -> None:
     """Become an arm: new session, output to the log, serve the control socket; never returns."""
     code = 70
     try:
         server.close()
         os.setsid()
-        _die_with_parent(parent=launcher)
+        _die_with_parent()
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
@@ -133,10 +125,9 @@ def _serve(server: socket.socket, arms: set[int]) -> None:
         msg = json.loads(data)
         if msg["op"] == "spawn":
             control_fd, log_fd = fds
-            me = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _child(control_fd, log_fd, server, me)
+                _child(control_fd, log_fd, server)
             arms.add(pid)
             os.close(control_fd)
             os.close(log_fd)
@@ -168,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C goes to the whole foreground group; the orchestrator decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    parent = os.environ.get("TRAINOPT_LAUNCHER_PARENT")
-    _die_with_parent(signal.SIGTERM, int(parent) if parent else None)
+    _die_with_parent(signal.SIGTERM)
     import importlib
 
     for name in PRELOAD:

@@ -552,8 +552,6 @@ class InterleavedSessionRunner:
             env.update(self.extra_env)
             root = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            # The launcher ends itself if this process died before it could ask to die with it.
-            env["TRAINOPT_LAUNCHER_PARENT"] = str(os.getpid())
             env.setdefault("PYTHONUNBUFFERED", "1")
             prefix: list[str] = []
             if not self.aslr and shutil.which("setarch"):
