@@ -82,6 +82,14 @@ def two_nodes():
         yield cluster, worker
     finally:
         cluster.shutdown()
+        # A removed node's worker processes end only when they notice their raylet is gone,
+        # and the launcher (and its arms) of a session there end with them: give Ray's own
+        # teardown time before the module's leftover check looks.
+        from tests.integration.conftest import leftover_processes
+
+        deadline = time.monotonic() + 45.0
+        while leftover_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 def _arms_live_on(node) -> bool:
