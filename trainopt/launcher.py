@@ -71,6 +71,8 @@ def _child(control_fd: int, log_fd: int, server: socket.socket) -> None:
     code = 70
     try:
         server.close()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
         os.setsid()
         _die_with_parent()
         os.dup2(log_fd, 1)
@@ -100,13 +102,36 @@ def _returncode(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+# The arms not yet waited for (the watchdog kills them if the orchestrator is gone).
+_ARMS: set[int] = set()
+
+
+def _watch_parent(parent: int, period_s: float = 0.5) -> None:
+    """Check every ``period_s`` that the orchestrator is still this process's parent.
+
+    The parent-death signal alone can be lost (a parent that died before it was asked
+    for, or whose creating thread outlives it), so a timer checks too; on a change every arm
+    is killed and the launcher ends at once. Forked arms do not inherit the timer.
+    """
+
+    def check(signum, frame) -> None:
+        if os.getppid() != parent:
+            _kill_arms(set(_ARMS))
+            os._exit(0)
+
+    signal.signal(signal.SIGALRM, check)
+    signal.setitimer(signal.ITIMER_REAL, period_s, period_s)
+    check(signal.SIGALRM, None)
+
+
 def serve(server: socket.socket) -> None:
     """Answer spawn and wait requests until the orchestrator closes the socket.
 
-    When the orchestrator goes (its socket closes, or SIGTERM arrives because it died), every
-    arm not yet waited for is killed with its loader workers.
+    When the orchestrator goes (its socket closes, SIGTERM arrives because it died, or the
+    watchdog sees another parent), every arm not yet waited for is killed with its loader
+    workers.
     """
-    arms: set[int] = set()
+    arms = _ARMS
     try:
         _serve(server, arms)
     finally:
@@ -159,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C goes to the whole foreground group; the orchestrator decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    parent = int(os.environ.get("TRAINOPT_LAUNCHER_PARENT") or os.getppid())
     _die_with_parent(signal.SIGTERM)
+    _watch_parent(parent)
     import importlib
 
     for name in PRELOAD:

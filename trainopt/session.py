@@ -552,6 +552,8 @@ class InterleavedSessionRunner:
             env.update(self.extra_env)
             root = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            # The launcher's watchdog ends it (and its arms) once this process is gone.
+            env["TRAINOPT_LAUNCHER_PARENT"] = str(os.getpid())
             env.setdefault("PYTHONUNBUFFERED", "1")
             prefix: list[str] = []
             if not self.aslr and shutil.which("setarch"):
