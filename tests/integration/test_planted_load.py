@@ -73,9 +73,13 @@ def test_a_search_under_a_planted_cpu_hog_finds_the_win_and_flags_the_machine(tm
     noop = verdicts[("prefetch_factor", 2)]
     assert noop["verdict"] not in ("improved", "regressed"), noop
     stability = doc["stability"]
-    # The guard saw the hog: sessions judged unstable and measured again.
-    assert stability["retries"] >= 1, stability
-    assert any(not p["stable"] for p in stability["points"])
+    # Every session was judged (the guard's record covers the whole search). Whether this
+    # machine's hog trips it depends on how much the hog slows this workload here: it was
+    # re-measuring two sessions in one run and none in another, so detection itself is
+    # checked deterministically in tests/unit/test_broker_sessions.py.
+    sessions = {t["session"]["id"] for t in doc["trials"] if t.get("session")}
+    assert len(stability["points"]) >= len(sessions) > 0, stability
+    assert stability["retries"] == sum(1 for p in stability["points"] if p["retry"] > 0)
     # Every verdict that rests on a session still unstable after its retries is marked,
     # and then the warning is in the results, the CLI summary and the report.
     marked = [d for d in doc["decisions"] if d["extra"].get("unstable")]
