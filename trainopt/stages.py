@@ -110,17 +110,17 @@ class KnobStage:
 
     def _decide(self, incumbent: dict[str, Any], knob: str, stage: str, ref: TrialResult, screens,
                 screen_unstable: list[str] | None = None) -> dict[str, Any]:
-        """Turn screens into decisions, confirm the most promising, adopt the best improved one.
+        """Turn screens into decisions, confirm the most promising, adopt the first improved one.
 
-        The screen only chooses what to confirm (the best candidates not clearly slower):
-        each confirmation runs on fresh pairs under the sequential rule, which shares the
-        knob's error budget among the candidates confirmed. An improved change's reported
-        speedup comes from further fresh pairs that took no part in the verdict.
+        The screen only chooses what to confirm (the best candidates not clearly slower),
+        best screen first, until one is improved: each confirmation runs on fresh pairs
+        under the sequential rule, which shares the knob's error budget among the
+        candidates selected. An improved change's reported speedup comes from further
+        fresh pairs that took no part in the verdict.
         """
-        selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
         improved: list[tuple[float, Decision, dict[str, Any]]] = []
-        # Each decision and where its sessions start in the broker's list of unstable ones.
-        marks: list[tuple[Decision, int]] = []
+        selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
+        decisions: list[Decision] = []
         for index, (settings, r, sp) in enumerate(screens):
             d = Decision(
                 knob=knob,
@@ -141,62 +141,78 @@ class KnobStage:
                 # measuring again did not find it steady.
                 d.extra["unstable"] = "; ".join(screen_unstable)
             self.decisions.append(d)
-            marks.append((d, len(self.broker.unstable)))
+            decisions.append(d)
             if not r.ok:
                 d.verdict, d.reason = r.status, r.error or r.status
-                continue
-            if index not in selection.indices:
+            elif index not in selection.indices:
                 d.verdict, d.reason = "screened-out", selection.reasons[index]
+        # Confirmed best screen first; once one is improved, the rest are not confirmed: the
+        # screen ranked them below a change already shown to be a win, and each
+        # confirmation costs a dozen sessions. The error budget stays shared among all the
+        # selected ones, so the guarantee holds whichever of them are confirmed.
+        for index in selection.indices:
+            settings, r, _ = screens[index]
+            d = decisions[index]
+            if improved:
+                winner = improved[0][1]
+                d.verdict = "screened-out"
+                d.reason = (f"{selection.reasons[index].split(';')[0]}; not confirmed: {knob}={winner.to_value}, "
+                            "which screened faster, was confirmed improved")
                 continue
-            # Fresh pairs only: the candidate was chosen *because* its screen looked good,
-            # and reusing that run would bias the verdict upwards.
-            conf = self._confirm(incumbent, settings, knob, stage, selection.family)
-            d.verdict, d.reason = conf.verdict, conf.reason
-            d.extra["confirmed_with"] = selection.family
-            if conf.interval is None:
-                continue
-            iv = conf.interval
-            d.speedup, d.ci, d.n_pairs, d.coverage = iv.speedup, [iv.low, iv.high], iv.n, iv.coverage
-            d.extra["decision_interval"] = {"speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
-            self._figures(d, conf.incumbent, conf.candidate)
-            if knob == "compile":
-                # The compile time charged is the largest seen (normally the screen's,
-                # which ran with a cold compiler cache): the first production run on a
-                # new machine pays the cold cost.
-                compile_s = max(x.compile_s or 0.0 for x in [r, *conf.candidate])
-                step_inc = _median([x.step_time_s for x in conf.incumbent])
-                judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
-            if d.verdict != "improved":
-                continue
-            est, held = self._holdout(incumbent, settings, knob, stage)
-            failed = next((p.candidate for p in held if not p.candidate.ok), None)
-            if failed is not None:
-                # A candidate that fails when measured again is not shipped, however fast it was.
-                d.verdict, d.reason = failed.status, f"{d.reason}; then failed in a held-out pair: {failed.error}"
-                continue
-            if est is None:
-                d.reason += "; an incumbent arm failed in the held-out pairs, so the figure is the deciding interval's (may run high)"
-                improved.append((iv.speedup, d, settings))
-                continue
-            d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
-            d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
-            self._figures(d, [p.incumbent for p in held], [p.candidate for p in held])
-            d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
-            improved.append((est.speedup, d, settings))
-        # Each decision's sessions ran between its own start and the next decision's.
-        ends = [n0 for _, n0 in marks[1:]] + [len(self.broker.unstable)]
-        for (d, n0), end in zip(marks, ends):
-            own = self.broker.unstable[n0:end]
+            n0 = len(self.broker.unstable)
+            kept = self._confirm_and_estimate(incumbent, settings, knob, stage, r, d, selection.family)
+            own = self.broker.unstable[n0:]
             if own:
                 d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *own]))
+            if kept is not None:
+                improved.append((kept, d, settings))
         if not improved:
             return incumbent
-        best = max(improved, key=lambda t: t[0])
+        best = improved[0]
         best[1].kept = True
-        for _, d, _ in improved:
-            if d is not best[1]:
-                d.reason += f"; not kept: {knob}={best[1].to_value} was faster"
         return best[2]
+
+    def _confirm_and_estimate(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str,
+                              r: TrialResult, d: Decision, family: int) -> float | None:
+        """Confirm one candidate on fresh pairs, then measure its held-out speedup.
+
+        Fills in ``d``; returns the speedup to rank it by when it is an improvement that
+        passed its held-out pairs, else None.
+        """
+        # Fresh pairs only: the candidate was chosen *because* its screen looked good,
+        # and reusing that run would bias the verdict upwards.
+        conf = self._confirm(incumbent, settings, knob, stage, family)
+        d.verdict, d.reason = conf.verdict, conf.reason
+        d.extra["confirmed_with"] = family
+        if conf.interval is None:
+            return None
+        iv = conf.interval
+        d.speedup, d.ci, d.n_pairs, d.coverage = iv.speedup, [iv.low, iv.high], iv.n, iv.coverage
+        d.extra["decision_interval"] = {"speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
+        self._figures(d, conf.incumbent, conf.candidate)
+        if knob == "compile":
+            # The compile time charged is the largest seen (normally the screen's,
+            # which ran with a cold compiler cache): the first production run on a
+            # new machine pays the cold cost.
+            compile_s = max(x.compile_s or 0.0 for x in [r, *conf.candidate])
+            step_inc = _median([x.step_time_s for x in conf.incumbent])
+            judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
+        if d.verdict != "improved":
+            return None
+        est, held = self._holdout(incumbent, settings, knob, stage)
+        failed = next((p.candidate for p in held if not p.candidate.ok), None)
+        if failed is not None:
+            # A candidate that fails when measured again is not shipped, however fast it was.
+            d.verdict, d.reason = failed.status, f"{d.reason}; then failed in a held-out pair: {failed.error}"
+            return None
+        if est is None:
+            d.reason += "; an incumbent arm failed in the held-out pairs, so the figure is the deciding interval's (may run high)"
+            return iv.speedup
+        d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
+        d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
+        self._figures(d, [p.incumbent for p in held], [p.candidate for p in held])
+        d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
+        return est.speedup
 
     @staticmethod
     def _figures(d: Decision, inc: list[TrialResult], cand: list[TrialResult]) -> None:

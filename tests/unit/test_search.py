@@ -303,3 +303,42 @@ def test_a_candidate_that_fails_in_its_held_out_pairs_is_not_adopted(tmp_path):
     (amp,) = by_knob(doc, "amp")
     assert amp["verdict"] == "crashed" and not amp["kept"] and "held-out pair" in amp["reason"]
     assert doc["best"]["settings"] == spec.baseline
+
+
+def _confirmed(doc, knob):
+    return {t["settings"][knob] for t in doc["trials"] if t["knob"] == knob and t["role"] == "confirm"}
+
+
+def test_candidates_are_confirmed_best_screen_first_until_one_is_improved(tmp_path):
+    # Both beat the incumbent; bf16 screens faster, is confirmed and kept, and fp16 costs
+    # no confirmation at all.
+    runner = FakeRunner({("amp", "bf16"): 1.6, ("amp", "fp16"): 1.3})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16", "fp16"]})
+    doc = search.run()
+    amp = {d["to"]: d for d in by_knob(doc, "amp")}
+    assert amp["bf16"]["verdict"] == "improved" and amp["bf16"]["kept"]
+    assert amp["fp16"]["verdict"] == "screened-out" and not amp["fp16"]["kept"]
+    assert "amp=bf16, which screened faster, was confirmed improved" in amp["fp16"]["reason"]
+    assert _confirmed(doc, "amp") == {"off", "bf16"}
+    # The second choice still shared the error budget it was selected with.
+    assert amp["bf16"]["extra"]["confirmed_with"] == 2
+
+
+def test_the_second_choice_is_confirmed_when_the_first_is_not_improved(tmp_path):
+    # fp16 screens faster (its screen arm is lucky: doubled there only) but is no faster
+    # in fresh pairs, so bf16, the second choice, is confirmed next.
+    class LuckyScreen(FakeRunner):
+        def run(self, request, log_path, timeout_s):
+            result = super().run(request, log_path, timeout_s)
+            if request.trial_id.startswith("screen/") and request.settings["amp"] == "fp16" and result.samples_per_s:
+                result.samples_per_s *= 2.0
+            return result
+
+    runner = LuckyScreen({("amp", "bf16"): 1.5})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16", "fp16"]})
+    doc = search.run()
+    amp = {d["to"]: d for d in by_knob(doc, "amp")}
+    assert amp["fp16"]["screen_speedup"] > amp["bf16"]["screen_speedup"]
+    assert amp["fp16"]["verdict"] != "improved" and amp["fp16"]["n_pairs"] >= 4
+    assert amp["bf16"]["verdict"] == "improved" and amp["bf16"]["kept"]
+    assert _confirmed(doc, "amp") == {"off", "bf16", "fp16"}
