@@ -219,7 +219,7 @@ def cmd_search(args) -> int:
     from trainopt.progress import ConsoleProgress
     from trainopt.runner import SubprocessRunner
     from trainopt.search import Search, SearchFailed
-    from trainopt.store import TrialStore, default_storage_url, masked_url
+    from trainopt.store import StoreLost, TrialStore, default_storage_url, masked_url
     from trainopt.workspace import OutputFolder, default_folder
 
     spec = _load(args.spec)
@@ -252,6 +252,13 @@ def cmd_search(args) -> int:
         except SearchFailed as exc:
             progress.close()
             return _fail(str(exc), EXIT_FAILED)
+        except StoreLost as exc:
+            progress.close()
+            # What this run measured is kept in the folder too; the store keeps what it stored.
+            from trainopt.results import build_results
+
+            _write_all(folder.path, {**build_results(search.state, complete=False), "storage": storage}, resolved)
+            return _fail(exc.render())
         except (KeyboardInterrupt, Terminated) as exc:
             progress.close()
             code = 143 if isinstance(exc, Terminated) else 130
@@ -268,6 +275,7 @@ def cmd_search(args) -> int:
         finally:
             progress.close()
             executor.close()
+            store.close()
     print(_summary(doc))
     if args.storage:
         print(f"store: study {storage['study']!r} in {storage['url']}")

@@ -84,15 +84,16 @@ def settings_hash(settings: Mapping[str, Any]) -> str:
 TYPICAL_BATCH_PROBES = 8
 
 
-# For the ETA: confirmations per knob with two or more candidates (the screen confirms at most
-# two, and often drops a clearly slower one), and the share of knobs whose change is kept
-# (each kept change adds its held-out pairs).
-TYPICAL_CONFIRMATIONS = 1.5
+# For the ETA, before a knob's screen: confirmations per knob (the screen selects at most
+# two, the second is confirmed only when the first is not improved, and a screen often
+# drops every candidate), and the share of knobs whose change is kept (each kept change
+# adds its held-out pairs). After the screen the stage says how many it selected.
+TYPICAL_CONFIRMATIONS = 1.0
 TYPICAL_KEPT_SHARE = 0.5
 
 
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
-                     final_pairs: int, batch_candidates: int) -> float:
+                     final_pairs: int, batch_candidates: int, skip: Sequence[str] = ()) -> float:
     """A rough count of the trial processes left (probes and session arms), for the ETA.
 
     Per knob: the screen session (incumbent and candidates), the typical number of
@@ -106,9 +107,12 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         holdout_pairs: Fresh pairs measured after an improved verdict.
         final_pairs: Pairs of the final check.
         batch_candidates: Throughput candidates of the batch-size stage.
+        skip: Knobs that run nothing (none of their values applies on this device).
     """
     remaining = 0.0
     for name in knob_names:
+        if name in skip:
+            continue
         if name == "batch_size":
             cands = batch_candidates
             remaining += TYPICAL_BATCH_PROBES
@@ -117,3 +121,15 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
         remaining += 1 + cands + confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs
     return remaining + 2 * final_pairs
+
+
+def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int) -> float:
+    """Trial processes a knob still runs after its screen selected ``selected`` candidates.
+
+    The first is confirmed; a second only when the first is not improved (taken as half
+    the time); a kept change adds its held-out pairs (taken as the typical share).
+    """
+    if selected <= 0:
+        return 0.0
+    confirmations = 1.0 + 0.5 * (selected - 1)
+    return confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs

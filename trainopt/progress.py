@@ -6,6 +6,7 @@ plain lines in a log, nothing in tests) is decided here.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from typing import Any
@@ -41,9 +42,15 @@ class NullProgress:
 class ConsoleProgress(NullProgress):
     """Progress on stderr: a live rich line on a terminal, one plain line per trial otherwise.
 
-    The ETA is the estimated number of remaining trials times the mean wall time of the
-    trials run so far in this session (reused trials cost nothing and are not counted).
+    The ETA is the estimated number of remaining trials times the median wall time of the
+    last ``RECENT`` trials run in this session (reused trials cost nothing and are not
+    counted). Recent, not all: a trial's cost follows the incumbent, and once a larger
+    batch or a compiled model is adopted every later arm costs several times an early one.
+    The median, not the mean: one very slow candidate (bf16 on a CPU without bf16 units)
+    says nothing about the cost of the arms after it.
     """
+
+    RECENT = 16
 
     def __init__(self, quiet: bool = False, stream=None):
         from rich.console import Console
@@ -65,7 +72,7 @@ class ConsoleProgress(NullProgress):
     def _eta(self) -> float | None:
         if not self.walls:
             return None
-        return self.remaining * (sum(self.walls) / len(self.walls))
+        return self.remaining * statistics.median(self.walls[-self.RECENT:])
 
     def _line(self) -> str:
         return (

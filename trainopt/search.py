@@ -75,6 +75,8 @@ class Search:
         self.state.guard = guard
         self.stage = KnobStage(self.broker, spec.measure, run_length_steps=spec.run_length_steps, decisions=self.state.decisions,
                                rule=rule)
+        self.stage.on_selected = self._selected
+        self._knob_index = 0
 
     @property
     def ran(self) -> int:
@@ -99,6 +101,7 @@ class Search:
         incumbent = base_settings
         self._update_eta(0)
         for index, name in enumerate(state.order):
+            self._knob_index = index
             stage = knobs.KNOBS[name].stage
             self.progress.stage(stage, name)
             if name == "batch_size":
@@ -133,18 +136,42 @@ class Search:
                 "those verdicts are marked and may be wrong - run the search again on a quieter machine"
             )
 
-    def _update_eta(self, knobs_done: int) -> None:
-        from trainopt.sequential import SequentialRule
+    def _update_eta(self, knobs_done: int, selected: int | None = None) -> None:
+        """Tell the progress how many trial processes are left.
+
+        Args:
+            knobs_done: Knobs decided so far.
+            selected: After the current knob's screen: how many of its candidates it
+                selected for confirmation (the rest of that knob is then counted from it).
+        """
+        from trainopt.sequential import SequentialRule, typical_pairs
 
         m = self.spec.measure
         holdout = holdout_pairs(m.confidence, m.interval)
-        self.progress.set_remaining(
-            plan.remaining_trials(
-                self.state.order[knobs_done:], self.spec.search,
-                confirm_pairs=SequentialRule.from_measure(m, family=2).next_look(0), holdout_pairs=holdout,
-                final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
-            )
+        confirm = typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs)
+        later = self.state.order[knobs_done + (1 if selected is not None else 0):]
+        remaining = plan.remaining_trials(
+            later, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
+            final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
+            skip=self._runs_nothing(later),
         )
+        if selected is not None:
+            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout)
+        self.progress.set_remaining(remaining)
+
+    def _selected(self, count: int) -> None:
+        self._update_eta(self._knob_index, selected=count)
+
+    def _runs_nothing(self, names: list[str]) -> list[str]:
+        """Knobs none of whose candidates apply on this device (recorded, never run)."""
+        if self.broker.device_type is None:
+            return []
+        base = dict(self.spec.baseline)
+        return [
+            n for n in names if n != "batch_size" and all(
+                knobs.not_applicable_reason(s, self.broker.device_type, self.broker.world_size)
+                for s in plan.candidates(base, n, self.spec.search[n]))
+        ]
 
     def _final_check(self, base: dict[str, Any], incumbent: dict[str, Any]) -> dict[str, Any]:
         """The final settings against the original baseline: a fixed number of fresh pair sessions.

@@ -56,6 +56,7 @@ __all__ = [
     "Selection",
     "select_for_confirmation",
     "holdout_pairs",
+    "typical_pairs",
     "min_decidable_pairs",
     "holdout_estimate",
 ]
@@ -401,6 +402,13 @@ def min_decidable_pairs(confidence: float = 0.95, family: int = 2) -> int:
     while _exact_rank_level(n, (1.0 - confidence) / family)[0] == 0:
         n += 1
     return n
+
+
+def typical_pairs(rule: "SequentialRule", max_pairs: int) -> int:
+    """Pairs a confirmation typically takes, for the ETA: midway between the rule's first
+    look that can decide and ``max_pairs`` (a clear effect stops at the first look, a
+    small or absent one runs on towards the budget)."""
+    return int(math.ceil((rule.next_look(0) + max_pairs) / 2))
 
 
 def holdout_pairs(confidence: float = 0.95, method: str = "hodges-lehmann", minimum: int = 6) -> int:

@@ -35,7 +35,8 @@ Per-process offsets, and what this design does about each:
   user's own training gets; forcing it would measure a different configuration.
 - Cache state after a pause: each window is preceded by ``rewarm_steps`` untimed steps,
   so every arm starts its window with its own working set loaded, whichever arm ran
-  before it.
+  before it. Arms whose step is a quarter window or longer skip them (``arm.rewarm_for``):
+  the refill is then under 1 % of the window, and the untimed step would double its cost.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ __all__ = [
     "arm_result",
     "CUDA_HEADROOM",
     "RAM_HEADROOM",
+    "HOPELESS",
+    "hopeless_arms",
 ]
 
 # Share of the device's memory the arms' peaks may fill together: the caching allocator
@@ -84,6 +87,11 @@ CUDA_HEADROOM = 0.9
 # Share of the host's RAM the arms' peak resident sets may fill together: paused arms stay
 # resident, and a session that pushes the machine into swap measures the swap, not the arms.
 RAM_HEADROOM = 0.7
+# An arm whose first window runs below this share of the incumbent's rate measures no
+# further windows: no later window can lift it to a win (the search's screen gate is 0.98,
+# and one window's scatter here is a few per cent), and a slow arm's windows are the
+# session's most expensive ones (bf16 on a CPU without bf16 units: 0.08x).
+HOPELESS = 2 / 3
 
 
 @dataclass
@@ -186,6 +194,20 @@ def fallback_reason(device_type: str | None, statuses: Sequence[str | None], pea
         return (f"the arms' peaks ({need / 2**30:.2f} GiB together) do not fit {headroom:.0%} of the "
                 f"{where} ({capacity / 2**30:.2f} GiB); measured one at a time instead")
     return None
+
+
+def hopeless_arms(first_rates: Sequence[float | None], floor: float = HOPELESS) -> list[int]:
+    """Arms that stop after their first window: far slower than the incumbent (arm 0).
+
+    Args:
+        first_rates: Each arm's throughput in its first window (None: it measured none).
+        floor: The share of the incumbent's rate below which an arm is hopeless.
+    """
+    base = first_rates[0] if first_rates else None
+    if not base:
+        # Nothing to compare with: every arm measures on.
+        return []
+    return [i for i, r in enumerate(first_rates) if i and r is not None and r < floor * base]
 
 
 def window_timeout(timeout_s: float, window_s: float) -> float:
@@ -619,23 +641,31 @@ class InterleavedSessionRunner:
                 return self._sequential(requests, log_paths, timeout_s, seed, start, reason)
             rounds = self.rounds or int(requests[0].spec["measure"]["windows"])
             orders: list[list[int]] = []
+            retired: list[int] = []
             for r, order in enumerate(round_orders(n, rounds, seed)):
                 ran = []
                 for i in order:
                     arm = arms[i]
-                    if arm.failure:
+                    if arm.failure or i in retired:
                         continue
                     if self.on_window is not None:
                         self.on_window(i, [a.tree() for a in arms])
                     arm.resume()
                     limit = window_timeout(timeout_s, float(arm.ready.get("typical_step_s", 1.0))
-                                           * (arm.ready["window_steps"] + self.rewarm_steps))
+                                           * (arm.ready["window_steps"] + arm.ready.get("rewarm_steps", self.rewarm_steps)))
                     reply = arm.ask({"cmd": "window"}, limit, f"window {r + 1}")
                     if reply is not None:
                         arm.windows.append(reply)
                         arm.pause()
                     ran.append(i)
                 orders.append(ran)
+                if r == 0 and n > 1:
+                    retired = hopeless_arms([a.windows[0]["samples"] / a.windows[0]["elapsed_s"]
+                                             if a.windows and not a.failure else None for a in arms])
+            note = ""
+            if retired:
+                note = (f"arm{'s' if len(retired) > 1 else ''} {', '.join(map(str, retired))} ran below "
+                        f"{HOPELESS:.2f}x the incumbent in the first round and measured no further windows")
             for arm in arms:
                 if not arm.failure:
                     arm.resume()
@@ -648,7 +678,7 @@ class InterleavedSessionRunner:
                 write_json_atomic(request.result_path, res.to_dict())
                 results.append(res)
             return SessionResult(arms=results, mode="interleaved", rounds=len(orders), order=orders,
-                                 wall_s=time.perf_counter() - start)
+                                 wall_s=time.perf_counter() - start, note=note)
         finally:
             # Also on Ctrl-C or SIGTERM (raised as an exception by the CLI): no arm or loader
             # worker outlives its session, stopped ones included.

@@ -290,7 +290,13 @@ class StabilityGuard:
         noises = self._noises.get(self._key(obs), [])
         if len(noises) < self.min_noise_history:
             return ""
-        usual = statistics.median(noises[-3 * self.history:])
+        # The pooled spread (root mean square), not the median of the spreads: with few
+        # windows a session's spread scatters widely (three windows: two degrees of
+        # freedom), so a median of a handful of them often sits far below the machine's
+        # real noise and ordinary sessions would then look "3x noisier". The mean of the
+        # variances estimates the real one without that bias.
+        recent = noises[-3 * self.history:]
+        usual = math.sqrt(sum(n * n for n in recent) / len(recent))
         if obs.noise <= self.noise_floor or obs.noise <= self.noise_ratio * usual:
             return ""
         return (

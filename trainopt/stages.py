@@ -58,6 +58,8 @@ class KnobStage:
         self.pairs = measure.pairs
         self.run_length_steps = run_length_steps
         self.decisions = decisions
+        # Told how many candidates a screen selected for confirmation (the search's ETA).
+        self.on_selected: Any = None
 
     def run(self, incumbent: dict[str, Any], knob: str, stage: str, values: list[Any]) -> dict[str, Any]:
         """Try every value of ``knob``; return the new incumbent (the old one unless one was confirmed)."""
@@ -120,6 +122,8 @@ class KnobStage:
         """
         improved: list[tuple[float, Decision, dict[str, Any]]] = []
         selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
+        if self.on_selected is not None:
+            self.on_selected(len(selection.indices))
         decisions: list[Decision] = []
         for index, (settings, r, sp) in enumerate(screens):
             d = Decision(

@@ -14,6 +14,9 @@ optuna-dashboard can read while the search runs. A URL that cannot be used is a
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import logging
 import re
@@ -29,7 +32,18 @@ from trainopt.protocol import SCHEMA_VERSION, TrialResult
 
 from trainopt.errors import UserError
 
-__all__ = ["TrialStore", "SpecChangedError", "StorageError", "default_storage_url", "masked_url", "open_storage", "storage_problem"]
+__all__ = [
+    "TrialStore",
+    "SpecChangedError",
+    "StorageError",
+    "StoreLost",
+    "StudyBusy",
+    "default_storage_url",
+    "masked_url",
+    "open_storage",
+    "storage_problem",
+    "study_lock_key",
+]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 logging.getLogger("optuna").setLevel(logging.WARNING)
@@ -41,6 +55,14 @@ class SpecChangedError(UserError):
 
 class StorageError(UserError):
     """The trial store's URL is malformed, its driver is missing or its database cannot be reached."""
+
+
+class StudyBusy(StorageError):
+    """Another search holds the same study (same spec name, same store)."""
+
+
+class StoreLost(StorageError):
+    """The connection to the trial store failed during the search; finished trials are kept there."""
 
 
 ALLOWED = (
@@ -125,6 +147,83 @@ def storage_problem(url: str, exc: BaseException) -> str:
     return f"--storage {shown}: {_first_line(exc)}"
 
 
+def study_lock_key(study_name: str) -> int:
+    """A signed 64-bit key for the study's PostgreSQL advisory lock (stable across processes)."""
+    digest = hashlib.sha256(f"trainopt-study/{study_name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class _StudyLock:
+    """Held by one search for as long as it uses a study, so two searches never share one.
+
+    PostgreSQL: a session-level advisory lock on a connection of its own; the server drops
+    it when that connection ends, so a search killed by ``kill -9`` (or a crashed machine)
+    leaves no stale lock. SQLite: an ``flock`` on a file beside the database, released by
+    the kernel when the process dies. Other databases: no lock (the output folder's lock
+    still keeps two searches out of one folder). Within one process the lock is shared
+    (counted): a process opening the same study twice, as a resumed search in a test
+    does, is still one search.
+    """
+
+    _held: dict[tuple[str, str], list[Any]] = {}
+
+    def __init__(self, storage: optuna.storages.RDBStorage, url: str, study_name: str):
+        parsed = make_url(url)
+        self._id = (parsed.render_as_string(hide_password=True), study_name)
+        self._released = False
+        held = self._held.get(self._id)
+        if held is not None:
+            held[1] += 1
+            return
+        busy = (f"another trainopt search is using the study {study_name!r} in {masked_url(url)}; wait for it to "
+                f"finish, or give this spec another name (its 'name' field) or another --storage")
+        handle: Any = None
+        backend = parsed.get_backend_name()
+        if backend == "postgresql":
+            conn = storage.engine.connect()
+            got = conn.execute(sqlalchemy.text("select pg_try_advisory_lock(:k)"), {"k": study_lock_key(study_name)}).scalar()
+            # Outside any transaction from here on: the connection only holds the lock.
+            conn.commit()
+            if not got:
+                conn.close()
+                raise StudyBusy(busy)
+            handle = conn
+        elif backend == "sqlite" and parsed.database and parsed.database != ":memory:":
+            fh = open(f"{parsed.database}.{hashlib.sha256(study_name.encode()).hexdigest()[:12]}.lock", "a+")
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                fh.close()
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise StudyBusy(busy) from None
+                raise
+            handle = fh
+        self._held[self._id] = [handle, 1]
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        held = self._held[self._id]
+        held[1] -= 1
+        if held[1]:
+            return
+        del self._held[self._id]
+        try:
+            if held[0] is not None:
+                held[0].close()  # PostgreSQL: ends the session, and with it the advisory lock
+        except (sqlalchemy.exc.SQLAlchemyError, OSError):
+            pass  # the server already dropped it
+
+
+def _lost(url: str, exc: BaseException) -> StoreLost:
+    return StoreLost(
+        f"--storage {masked_url(url)}: lost the connection to the trial store during the search "
+        f"({_first_line(exc)}); every trial that finished before is kept there: once the database is back, "
+        f"run the same command again to resume"
+    )
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Connect to the Optuna storage at ``url``, creating its tables if needed.
 
@@ -158,6 +257,12 @@ class TrialStore:
         self.study_name = study_name
         storage = open_storage(url)
         self.storage = storage
+        # Before anything is changed: a second search must not retire the first's running
+        # trials as stale, nor delete its study with --fresh.
+        try:
+            self._lock = _StudyLock(storage, url, study_name)
+        except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
+            raise StorageError(storage_problem(url, exc)) from None
         existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
         if study_name in existing and fresh:
             optuna.delete_study(study_name=study_name, storage=storage)
@@ -203,22 +308,40 @@ class TrialStore:
         return self._done.get(key)
 
     def begin(self, key: str, meta: dict[str, Any]) -> optuna.trial.Trial:
-        """Open a trial (state RUNNING) before its process starts."""
-        trial = self.study.ask()
-        trial.set_user_attr("key", key)
-        trial.set_user_attr("meta", json.dumps(meta, default=str))
+        """Open a trial (state RUNNING) before its process starts.
+
+        Raises:
+            StoreLost: The database cannot be reached any more.
+        """
+        try:
+            trial = self.study.ask()
+            trial.set_user_attr("key", key)
+            trial.set_user_attr("meta", json.dumps(meta, default=str))
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+            raise _lost(self.url, exc) from None
         return trial
 
     def finish(self, trial: optuna.trial.Trial, key: str, meta: dict[str, Any], result: TrialResult) -> None:
-        """Close a trial with its result: COMPLETE with throughput, or FAIL with its status."""
+        """Close a trial with its result: COMPLETE with throughput, or FAIL with its status.
+
+        Raises:
+            StoreLost: The database cannot be reached any more (the result is not kept).
+        """
         payload = json.dumps(result.to_dict(), default=str)
-        trial.set_user_attr("result", payload)
-        trial.set_user_attr("status", result.status)
-        if result.ok and result.samples_per_s is not None:
-            self.study.tell(trial, result.samples_per_s)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
+        try:
+            trial.set_user_attr("result", payload)
+            trial.set_user_attr("status", result.status)
+            if result.ok and result.samples_per_s is not None:
+                self.study.tell(trial, result.samples_per_s)
+            else:
+                self.study.tell(trial, state=TrialState.FAIL)
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+            raise _lost(self.url, exc) from None
         self._remember({"key": key, "meta": json.dumps(meta, default=str), "result": payload}, trial.number)
+
+    def close(self) -> None:
+        """Let other searches use the study (also happens when the process ends)."""
+        self._lock.release()
 
     def records(self) -> list[dict[str, Any]]:
         """Every finished trial in the order it finished: number, key, meta fields and result."""

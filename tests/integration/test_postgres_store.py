@@ -32,6 +32,7 @@ psycopg2 = pytest.importorskip("psycopg2", reason='psycopg2 is missing; pip inst
 DATABASE = "trainopt"
 SEARCH = {"amp": ["off", "bf16"]}
 FAST = {"pairs": 3, "max_pairs": 4, "confidence": 0.75}
+SERVER: dict = {}
 
 
 def _postgres_bin() -> Path | None:
@@ -85,6 +86,8 @@ def postgres_url():
         run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "start"])
         started = True
         run([str(bindir / "createdb"), "-h", str(root), "-U", "postgres", DATABASE])
+        # How a test stops and starts this server (the connection-loss test).
+        SERVER["pg_ctl"] = lambda *args: run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", *args])
         yield f"postgresql+psycopg2://postgres@/{DATABASE}?host={root}"
     finally:
         if started:
@@ -97,15 +100,19 @@ def _connect(url: str):
     return psycopg2.connect(dbname=DATABASE, user="postgres", host=socket_dir)
 
 
-def finished_trials(url: str, states: str = "'COMPLETE', 'FAIL'") -> int:
-    """Trials the study holds in ``states`` (default: finished), read straight from PostgreSQL."""
+def finished_trials(url: str, states: str = "'COMPLETE', 'FAIL'", study: str | None = None) -> int:
+    """Trials in ``states`` (default: finished), of every study or of one, read straight from PostgreSQL."""
     try:
         con = _connect(url)
     except psycopg2.Error:
         return 0
     try:
         with con.cursor() as cur:
-            cur.execute(f"select count(*) from trials where state in ({states})")
+            if study is None:
+                cur.execute(f"select count(*) from trials where state in ({states})")
+            else:
+                cur.execute(f"select count(*) from trials t join studies s on t.study_id = s.study_id "
+                            f"where s.study_name = %s and t.state in ({states})", (study,))
             return cur.fetchone()[0]
     except psycopg2.Error:
         return 0  # the search has not created Optuna's tables yet
@@ -183,3 +190,69 @@ def test_a_missing_database_is_a_clear_error(tmp_path, cli_env, postgres_url):
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"trainopt: error: --storage {url}: cannot connect")
     assert '"nosuchdb" does not exist' in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _input_bound_spec(tmp_path: Path, name: str) -> Path:
+    from tests.integration.test_search_cli import INPUT_BOUND
+
+    data = tiny_spec_dict(**INPUT_BOUND)
+    data["name"] = name
+    data["measure"].update(FAST)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec
+
+
+def test_two_searches_never_share_a_study_and_a_lost_server_stops_the_search_cleanly(tmp_path, cli_env, postgres_url):
+    import optuna
+
+    study = "tiny-busy"
+    spec = _input_bound_spec(tmp_path, study)
+    first = subprocess.Popen(search_cmd(spec, tmp_path / "a", postgres_url, "--quiet"), env=cli_env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 300
+        while True:
+            try:
+                if any(s.study_name == study for s in optuna.get_all_study_summaries(postgres_url, include_best_trial=False)):
+                    break
+            except Exception:  # noqa: BLE001 - Optuna's tables may not exist yet
+                pass
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.monotonic() < end, "the first search never created its study"
+            time.sleep(0.2)
+
+        # A second search on the same study, from another output folder: refused, at once.
+        second = subprocess.run(search_cmd(spec, tmp_path / "b", postgres_url), capture_output=True, text=True,
+                                env=cli_env, timeout=120)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"another trainopt search is using the study '{study}' in {postgres_url}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert not (tmp_path / "b" / "results.json").exists()
+
+        # The server goes away while the first search runs: one clear error, no traceback.
+        while finished_trials(postgres_url, study=study) < 2:
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.monotonic() < end, "no trial reached PostgreSQL"
+            time.sleep(0.1)
+        SERVER["pg_ctl"]("-m", "immediate", "stop")
+        try:
+            err = first.communicate(timeout=300)[1]
+        finally:
+            SERVER["pg_ctl"]("start")
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 2, err[-3000:]
+    assert "lost the connection to the trial store" in err and "run the same command again" in err, err[-3000:]
+    assert "Traceback" not in err
+    partial = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert partial["complete"] is False
+
+    # Once the server is back, the same command resumes and finishes; the lock died with the first search.
+    resumed = subprocess.run(search_cmd(spec, tmp_path / "a", postgres_url, "--quiet"), capture_output=True, text=True,
+                             env=cli_env, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert doc["complete"] and doc["counts"]["trials_reused"] >= 2

@@ -243,3 +243,17 @@ def test_without_a_launcher_the_session_is_measured_sequentially(tmp_path):
         result = runner.run_session(reqs, logs, timeout_s=60, seed=0)
     assert result.mode == "sequential" and "not available" in result.note
     assert [a.status for a in result.arms] == ["ok", "ok"]
+
+
+def test_an_arm_far_slower_than_the_incumbent_stops_after_one_window(tmp_path):
+    # Batch 1 pays the per-step overhead for every sample: far below batch 64 in samples/s.
+    reqs, logs = _requests(tmp_path, [{"batch_size": 64}, {"batch_size": 1}, {"batch_size": 48}])
+    with InterleavedSessionRunner() as runner:
+        result = runner.run_session(reqs, logs, timeout_s=60, seed=5)
+    assert result.mode == "interleaved"
+    fast, slow, near = result.arms
+    assert all(a.status == "ok" for a in result.arms), [a.error for a in result.arms]
+    assert slow.samples_per_s < 0.5 * fast.samples_per_s
+    assert len(slow.windows) == 1 and len(fast.windows) == 4 and len(near.windows) == 4
+    assert all(1 not in order for order in result.order[1:])
+    assert "arm 1 ran below 0.67x the incumbent" in result.note

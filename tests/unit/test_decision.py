@@ -32,13 +32,58 @@ def test_compile_without_a_confirmed_gain_never_repays():
 
 
 def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_check():
-    search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2]}
+    from trainopt.plan import remaining_in_knob
+
+    search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2], "pin_memory": [False, True]}
     kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4)
-    # amp: incumbent + 2 candidates, 1.5 confirmations of 8 pairs, half a holdout of 6 pairs.
-    amp = 3 + 1.5 * 16 + 0.5 * 12
+    # amp: incumbent + 2 candidates, one confirmation of 8 pairs, half a holdout of 6 pairs.
+    amp = 3 + 16 + 0.5 * 12
     # num_workers: incumbent + 1 candidate, one confirmation.
     workers = 2 + 16 + 0.5 * 12
     assert remaining_trials(["amp", "num_workers"], search, **kw) == amp + workers + 12
+    # A knob that cannot apply on this device runs nothing.
+    assert remaining_trials(["amp", "pin_memory"], search, skip=["pin_memory"], **kw) == amp + 12
     # batch_size: 8 probes, incumbent + 4 candidates.
-    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == 8 + 5 + 1.5 * 16 + 0.5 * 12 + 12
+    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == 8 + 5 + 16 + 0.5 * 12 + 12
     assert remaining_trials([], search, **kw) == 12
+    # After a screen: nothing selected leaves nothing; two selected, the second half the time.
+    assert remaining_in_knob(0, confirm_pairs=8, holdout_pairs=6) == 0
+    assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6) == 16 + 0.5 * 12
+    assert remaining_in_knob(2, confirm_pairs=8, holdout_pairs=6) == 1.5 * 16 + 0.5 * 12
+
+
+def test_typical_confirmation_pairs_lie_between_the_first_look_and_the_budget():
+    from trainopt.sequential import SequentialRule, typical_pairs
+
+    rule = SequentialRule(6, 14, 0.95, 0.03, "hodges-lehmann", family=2)
+    first = rule.next_look(0)
+    assert first < 14
+    assert typical_pairs(rule, 14) == -(-(first + 14) // 2)
+
+
+def test_the_eta_prices_the_remaining_trials_at_the_recent_trials_cost():
+    import io
+    from types import SimpleNamespace
+
+    from trainopt.progress import ConsoleProgress
+
+    progress = ConsoleProgress(quiet=True, stream=io.StringIO())
+    progress.set_remaining(40)
+    for wall in [1.0] * 20 + [4.0] * ConsoleProgress.RECENT:
+        progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=wall))
+    # 40 - 36 finished = 4 left, each at the recent 4 s (the early 1 s arms no longer count).
+    assert progress.remaining == 4
+    assert progress._eta() == 16.0
+
+
+def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
+    import io
+    from types import SimpleNamespace
+
+    from trainopt.progress import ConsoleProgress
+
+    progress = ConsoleProgress(quiet=True, stream=io.StringIO())
+    progress.set_remaining(20)
+    for wall in [2.0] * 9 + [40.0]:
+        progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=wall))
+    assert progress._eta() == 10 * 2.0

@@ -342,3 +342,28 @@ def test_the_second_choice_is_confirmed_when_the_first_is_not_improved(tmp_path)
     assert amp["fp16"]["verdict"] != "improved" and amp["fp16"]["n_pairs"] >= 4
     assert amp["bf16"]["verdict"] == "improved" and amp["bf16"]["kept"]
     assert _confirmed(doc, "amp") == {"off", "bf16", "fp16"}
+
+
+def test_the_eta_is_recounted_once_a_screen_has_selected_what_to_confirm(tmp_path):
+    from trainopt.progress import NullProgress
+
+    class Recorder(NullProgress):
+        def __init__(self):
+            self.counts = []
+
+        def set_remaining(self, trials):
+            self.counts.append(trials)
+
+    # Both candidates are far slower: the screen selects none, so the knob has nothing left
+    # and only the final check's 2 x 6 arms remain (nothing changed: it will not even run).
+    runner = FakeRunner({("amp", "bf16"): 0.5, ("amp", "fp16"): 0.4})
+    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16", "fp16"], "pin_memory": [False, True]},
+                                         measure={"pairs": 4, "max_pairs": 8}), "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    progress = Recorder()
+    Search(spec, tmp_path, runner, store, progress=progress).run()
+    # Before the first screen: amp's screen (3 arms), one typical confirmation and half a
+    # holdout; pin_memory runs nothing on this CPU; then the final check.
+    assert progress.counts[0] > 3 + 12
+    assert 12 in progress.counts
+    assert progress.counts.index(12) == 1

@@ -157,3 +157,24 @@ def test_sequential_session_runs_arms_in_a_seeded_order_and_returns_them_in_requ
     # The arm that ran k-th got the k-th figure from the recording runner.
     for k, i in enumerate(order):
         assert result.arms[i].samples_per_s == k + 1
+
+
+def test_hopeless_arms_are_those_far_below_the_incumbent_in_their_first_window():
+    from trainopt.session import HOPELESS, hopeless_arms
+
+    assert hopeless_arms([100.0, 60.0, 70.0, 200.0, None]) == [1]
+    assert hopeless_arms([100.0, 100 * HOPELESS, 100 * HOPELESS - 0.01]) == [2]
+    # The incumbent never stops, and without its figure no arm is judged.
+    assert hopeless_arms([None, 1.0, 2.0]) == []
+    assert hopeless_arms([10.0]) == []
+    assert hopeless_arms([]) == []
+
+
+def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
+    from trainopt.arm import REWARM_SHARE, rewarm_for
+
+    assert rewarm_for(0.05, 0.5, 1) == 1
+    assert rewarm_for(REWARM_SHARE * 0.5, 0.5, 2) == 2
+    assert rewarm_for(0.13, 0.5, 1) == 0
+    assert rewarm_for(1.2, 0.5, 1) == 0
+    assert rewarm_for(0.01, 0.5, 0) == 0

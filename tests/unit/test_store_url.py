@@ -77,3 +77,61 @@ def test_the_cli_answers_an_unreachable_store_with_exit_2(tmp_path, write_spec, 
     assert err.startswith("trainopt: error: --storage postgresql+psycopg2://u:***@127.0.0.1:1/db: cannot connect")
     assert "s3cret" not in err and "Traceback" not in err
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+_HOLD = """
+import sys, time
+from trainopt.store import TrialStore
+TrialStore(sys.argv[1], "shared", "fp")
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_search_on_the_same_study_is_refused_until_the_first_is_gone(tmp_path):
+    import signal
+    import subprocess
+
+    from tests.conftest import ROOT
+    from trainopt.store import StudyBusy, TrialStore
+
+    # Two output folders, one store: the folder locks do not meet, the study lock does.
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, url], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(StudyBusy, match="another trainopt search is using the study 'shared' in sqlite:///"):
+            TrialStore(url, "shared", "fp")
+        # Another study in the same database is free.
+        TrialStore(url, "other", "fp").close()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # kill -9 leaves no stale lock behind; within one process the study opens twice.
+    first = TrialStore(url, "shared", "fp")
+    second = TrialStore(url, "shared", "fp")
+    first.close()
+    second.close()
+    TrialStore(url, "shared", "fp").close()
+
+
+def test_a_store_that_fails_mid_search_is_one_user_error_naming_the_url(tmp_path):
+    import sqlalchemy.exc
+
+    from trainopt.protocol import TrialResult
+    from trainopt.store import StoreLost, TrialStore
+
+    store = TrialStore(f"sqlite:///{tmp_path / 't.db'}", "s", "fp")
+    trial = store.begin("k", {})
+
+    def broken(*args, **kwargs):
+        raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("server closed the connection unexpectedly"))
+
+    store.study.tell = broken
+    with pytest.raises(StoreLost) as info:
+        store.finish(trial, "k", {}, TrialResult(status="ok", settings={}, mode="measure", samples_per_s=1.0))
+    text = info.value.render()
+    assert text.startswith(f"--storage sqlite:///{tmp_path / 't.db'}: lost the connection to the trial store")
+    assert "server closed the connection unexpectedly" in text and "run the same command again" in text
+    assert isinstance(info.value, UserError) and store.lookup("k") is None
+    store.close()
