@@ -87,3 +87,20 @@ def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
     for wall in [2.0] * 9 + [40.0]:
         progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=wall))
     assert progress._eta() == 10 * 2.0
+
+
+def test_the_knob_being_decided_is_priced_at_its_own_screen_cost():
+    import io
+    from types import SimpleNamespace
+
+    from trainopt.progress import ConsoleProgress
+
+    progress = ConsoleProgress(quiet=True, stream=io.StringIO())
+    for _ in range(4):
+        progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=3.0))
+    # 30 left: 10 of them compile arms at 7 s (the screen's cost per arm), 20 at the recent 3 s.
+    progress.set_remaining(30, (10, 7.0))
+    assert progress._eta() == 10 * 7.0 + 20 * 3.0
+    progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=7.0))
+    assert progress.current_left == 9 and progress.remaining == 29
+    assert progress._eta() == 9 * 7.0 + 20 * 3.0
