@@ -11,7 +11,7 @@ Printed per row: adoption of the change (the knob's kept value is the true one),
 kept changes with the coverage of their reported interval.
 
 Usage:
-    python benchmarks/search_verdicts.py [--reps 400]
+    python benchmarks/search_verdicts.py [--reps 400] [--rule sequential|old|both] [--max-pairs 14 20]
 """
 
 from __future__ import annotations
@@ -59,13 +59,16 @@ def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=400)
+    ap.add_argument("--rule", choices=["sequential", "old", "both"], default="both")
+    ap.add_argument("--max-pairs", type=int, nargs="+", default=[20, 14])
     args = ap.parse_args()
+    olds = {"sequential": (False,), "old": (True,), "both": (False, True)}[args.rule]
     tmp = Path(tempfile.mkdtemp())
     print(f"knob num_workers with candidates 1 and 2 (2 is the true change); pairs 6; {args.reps} searches per row")
     print("| rule | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for old in (False, True):
-        for max_pairs in (20, 14):
+    for old in olds:
+        for max_pairs in args.max_pairs:
             for sd in (0.06, 0.10, 0.165):
                 for effect in (1.0, 1.05, 1.10, 1.25):
                     for ms in ((0.0, 0.03) if effect == 1.0 else (0.03,)):

@@ -42,12 +42,12 @@ from trainopt.protocol import SCHEMA_VERSION, TrialRequest
 
 __all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE"]
 
-# Untimed re-warm steps run only while one step is at most this share of a window. The
-# re-warm reloads caches another arm evicted while this one was paused: a few
-# milliseconds of memory traffic (at ~15 GB/s a 32 MiB L3 refills in about 2 ms). Next to a step of a
-# quarter window or more that is under 1 % of the window, while the re-warm step itself
-# would double the cost of a window of one or two long steps.
-REWARM_SHARE = 0.25
+# Untimed re-warm steps run only while one step is shorter than this share of a window.
+# The re-warm reloads what another arm evicted while this one was paused (caches, the
+# allocator's free lists): tens of milliseconds at most. A step that alone fills the
+# window dwarfs that, and its window is that one step, so a re-warm step would double
+# the window's cost. Shorter steps keep it: there a cold start would be a larger share.
+REWARM_SHARE = 1.0
 
 
 def send(conn: Connection, message: dict[str, Any]) -> None:

@@ -35,8 +35,8 @@ Per-process offsets, and what this design does about each:
   user's own training gets; forcing it would measure a different configuration.
 - Cache state after a pause: each window is preceded by ``rewarm_steps`` untimed steps,
   so every arm starts its window with its own working set loaded, whichever arm ran
-  before it. Arms whose step is a quarter window or longer skip them (``arm.rewarm_for``):
-  the refill is then under 1 % of the window, and the untimed step would double its cost.
+  before it. Arms whose single step fills a window skip them (``arm.rewarm_for``): the
+  refill is then a small share of the window, and the untimed step would double its cost.
 """
 
 from __future__ import annotations

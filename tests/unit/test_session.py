@@ -174,7 +174,8 @@ def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
     from trainopt.arm import REWARM_SHARE, rewarm_for
 
     assert rewarm_for(0.05, 0.5, 1) == 1
+    assert rewarm_for(0.45, 0.5, 1) == 1
     assert rewarm_for(REWARM_SHARE * 0.5, 0.5, 2) == 2
-    assert rewarm_for(0.13, 0.5, 1) == 0
+    assert rewarm_for(REWARM_SHARE * 0.5 + 0.01, 0.5, 1) == 0
     assert rewarm_for(1.2, 0.5, 1) == 0
     assert rewarm_for(0.01, 0.5, 0) == 0
