@@ -32,7 +32,7 @@ class NullProgress:
     """Accepts every event and shows nothing."""
 
     def stage(self, stage: str, detail: str) -> None: ...
-    def set_remaining(self, trials: float, current: tuple[float, float] | None = None) -> None: ...
+    def set_remaining(self, trials: int) -> None: ...
     def trial_started(self, **info: Any) -> None: ...
     def trial_finished(self, result: Any, wall_s: float | None = None) -> None: ...
     def trial_reused(self) -> None: ...
@@ -61,9 +61,6 @@ class ConsoleProgress(NullProgress):
         self.start = time.monotonic()
         self.walls: list[float] = []
         self.remaining = 0
-        # Trials left of the knob being decided, and their price per arm (see set_remaining).
-        self.current_left = 0.0
-        self.current_price = 0.0
         self.done = 0
         self.reused = 0
         self.current = ""
@@ -73,11 +70,9 @@ class ConsoleProgress(NullProgress):
             self._status.start()
 
     def _eta(self) -> float | None:
-        if not self.walls and not self.current_left:
+        if not self.walls:
             return None
-        later = self.remaining - self.current_left
-        price = statistics.median(self.walls[-self.RECENT:]) if self.walls else self.current_price
-        return self.current_left * self.current_price + later * price
+        return self.remaining * statistics.median(self.walls[-self.RECENT:])
 
     def _line(self) -> str:
         return (
@@ -92,12 +87,8 @@ class ConsoleProgress(NullProgress):
         if not self.quiet and not self.live:
             self.console.print(f"== {stage}: {detail}")
 
-    def set_remaining(self, trials: float, current: tuple[float, float] | None = None) -> None:
-        """The trials left in the whole search; ``current``: how many of them belong to the
-        knob being decided, and what each costs there (its screen's cost per arm: a compile
-        arm costs twice an uncompiled one), if known."""
+    def set_remaining(self, trials: int) -> None:
         self.remaining = trials
-        self.current_left, self.current_price = current if current else (0.0, 0.0)
 
     def trial_started(self, **info: Any) -> None:
         self.current = f"{info.get('knob')} {info.get('role')} {info.get('detail', '')}".strip()
@@ -108,7 +99,6 @@ class ConsoleProgress(NullProgress):
         """One trial (or one arm of a session, with its share ``wall_s`` of the session's time) finished."""
         self.done += 1
         self.remaining = max(0, self.remaining - 1)
-        self.current_left = min(self.remaining, max(0, self.current_left - 1))
         wall = wall_s if wall_s is not None else result.wall_s
         if wall:
             self.walls.append(wall)
@@ -122,7 +112,6 @@ class ConsoleProgress(NullProgress):
     def trial_reused(self) -> None:
         self.reused += 1
         self.remaining = max(0, self.remaining - 1)
-        self.current_left = min(self.remaining, max(0, self.current_left - 1))
 
     def close(self) -> None:
         if self._status:

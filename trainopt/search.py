@@ -136,14 +136,13 @@ class Search:
                 "those verdicts are marked and may be wrong - run the search again on a quieter machine"
             )
 
-    def _update_eta(self, knobs_done: int, selected: int | None = None, price: float | None = None) -> None:
+    def _update_eta(self, knobs_done: int, selected: int | None = None) -> None:
         """Tell the progress how many trial processes are left.
 
         Args:
             knobs_done: Knobs decided so far.
             selected: After the current knob's screen: how many of its candidates it
                 selected for confirmation (the rest of that knob is then counted from it).
-            price: The screen's wall time per arm, the cost of that knob's remaining arms.
         """
         from trainopt.sequential import SequentialRule, typical_pairs
 
@@ -156,14 +155,12 @@ class Search:
             final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
             skip=self._runs_nothing(later),
         )
-        if selected is None:
-            self.progress.set_remaining(remaining)
-            return
-        current = plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout)
-        self.progress.set_remaining(remaining + current, (current, price) if price else None)
+        if selected is not None:
+            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout)
+        self.progress.set_remaining(remaining)
 
-    def _selected(self, count: int, price: float | None = None) -> None:
-        self._update_eta(self._knob_index, selected=count, price=price)
+    def _selected(self, count: int) -> None:
+        self._update_eta(self._knob_index, selected=count)
 
     def _runs_nothing(self, names: list[str]) -> list[str]:
         """Knobs none of whose candidates apply on this device (recorded, never run)."""

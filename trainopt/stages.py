@@ -123,7 +123,7 @@ class KnobStage:
         improved: list[tuple[float, Decision, dict[str, Any]]] = []
         selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
         if self.on_selected is not None:
-            self.on_selected(len(selection.indices), _cost_per_arm([ref, *(r for _, r, _ in screens)]))
+            self.on_selected(len(selection.indices))
         decisions: list[Decision] = []
         for index, (settings, r, sp) in enumerate(screens):
             d = Decision(
@@ -224,20 +224,6 @@ class KnobStage:
         d.after_samples_per_s = _median([x.samples_per_s for x in cand])
         d.before_peak_memory_bytes = max((x.peak_memory_bytes or 0) for x in inc) or None
         d.after_peak_memory_bytes = max((x.peak_memory_bytes or 0) for x in cand) or None
-
-
-def _cost_per_arm(arms: list[TrialResult]) -> float | None:
-    """A session's wall time per arm (what the ETA prices the knob's remaining arms at).
-
-    Live arms each carry the whole session's wall time; arms measured one after another
-    (the sequential fallback) carry their own.
-    """
-    walls = [a.wall_s for a in arms if a.wall_s]
-    if not walls:
-        return None
-    if (arms[0].session or {}).get("mode") == "interleaved":
-        return max(walls) / len(arms)
-    return sum(walls) / len(walls)
 
 
 def median_rate(results: list[TrialResult]) -> float | None:

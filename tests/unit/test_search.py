@@ -351,7 +351,7 @@ def test_the_eta_is_recounted_once_a_screen_has_selected_what_to_confirm(tmp_pat
         def __init__(self):
             self.counts = []
 
-        def set_remaining(self, trials, current=None):
+        def set_remaining(self, trials):
             self.counts.append(trials)
 
     # Both candidates are far slower: the screen selects none, so the knob has nothing left
