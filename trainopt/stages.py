@@ -120,7 +120,6 @@ class KnobStage:
         candidates selected. An improved change's reported speedup comes from further
         fresh pairs that took no part in the verdict.
         """
-        improved: list[tuple[float, Decision, dict[str, Any]]] = []
         selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
         if self.on_selected is not None:
             self.on_selected(len(selection.indices))
@@ -154,34 +153,29 @@ class KnobStage:
         # screen ranked them below a change already shown to be a win, and each
         # confirmation costs a dozen sessions. The error budget stays shared among all the
         # selected ones, so the guarantee holds whichever of them are confirmed.
+        winner: Decision | None = None
         for index in selection.indices:
             settings, r, _ = screens[index]
             d = decisions[index]
-            if improved:
-                winner = improved[0][1]
+            if winner is not None:
                 d.verdict = "screened-out"
                 d.reason = (f"{selection.reasons[index].split(';')[0]}; not confirmed: {knob}={winner.to_value}, "
                             "which screened faster, was confirmed improved")
                 continue
             n0 = len(self.broker.unstable)
-            kept = self._confirm_and_estimate(incumbent, settings, knob, stage, r, d, selection.family)
+            if self._confirm_and_estimate(incumbent, settings, knob, stage, r, d, selection.family):
+                d.kept, winner, incumbent = True, d, settings
             own = self.broker.unstable[n0:]
             if own:
                 d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *own]))
-            if kept is not None:
-                improved.append((kept, d, settings))
-        if not improved:
-            return incumbent
-        best = improved[0]
-        best[1].kept = True
-        return best[2]
+        return incumbent
 
     def _confirm_and_estimate(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str,
-                              r: TrialResult, d: Decision, family: int) -> float | None:
+                              r: TrialResult, d: Decision, family: int) -> bool:
         """Confirm one candidate on fresh pairs, then measure its held-out speedup.
 
-        Fills in ``d``; returns the speedup to rank it by when it is an improvement that
-        passed its held-out pairs, else None.
+        Fills in ``d``; returns whether it is an improvement to adopt (improved, and it did
+        not fail in its held-out pairs).
         """
         # Fresh pairs only: the candidate was chosen *because* its screen looked good,
         # and reusing that run would bias the verdict upwards.
@@ -189,7 +183,7 @@ class KnobStage:
         d.verdict, d.reason = conf.verdict, conf.reason
         d.extra["confirmed_with"] = family
         if conf.interval is None:
-            return None
+            return False
         iv = conf.interval
         d.speedup, d.ci, d.n_pairs, d.coverage = iv.speedup, [iv.low, iv.high], iv.n, iv.coverage
         d.extra["decision_interval"] = {"speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
@@ -202,21 +196,21 @@ class KnobStage:
             step_inc = _median([x.step_time_s for x in conf.incumbent])
             judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
         if d.verdict != "improved":
-            return None
+            return False
         est, held = self._holdout(incumbent, settings, knob, stage)
         failed = next((p.candidate for p in held if not p.candidate.ok), None)
         if failed is not None:
             # A candidate that fails when measured again is not shipped, however fast it was.
             d.verdict, d.reason = failed.status, f"{d.reason}; then failed in a held-out pair: {failed.error}"
-            return None
+            return False
         if est is None:
             d.reason += "; an incumbent arm failed in the held-out pairs, so the figure is the deciding interval's (may run high)"
-            return iv.speedup
+            return True
         d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
         d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
         self._figures(d, [p.incumbent for p in held], [p.candidate for p in held])
         d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
-        return est.speedup
+        return True
 
     @staticmethod
     def _figures(d: Decision, inc: list[TrialResult], cand: list[TrialResult]) -> None:
