@@ -660,8 +660,12 @@ class InterleavedSessionRunner:
                     ran.append(i)
                 orders.append(ran)
                 if r == 0 and n > 1:
+                    # Only arms with other settings than the incumbent's: a copy of the
+                    # incumbent is never hopeless, whatever one window of it says.
                     retired = hopeless_arms([a.windows[0]["samples"] / a.windows[0]["elapsed_s"]
-                                             if a.windows and not a.failure else None for a in arms])
+                                             if a.windows and not a.failure
+                                             and (i == 0 or q.settings != requests[0].settings) else None
+                                             for i, (a, q) in enumerate(zip(arms, requests))])
             note = ""
             if retired:
                 note = (f"arm{'s' if len(retired) > 1 else ''} {', '.join(map(str, retired))} ran below "

@@ -137,10 +137,12 @@ def test_search_stores_its_study_in_postgres_and_resumes_from_it_after_kill_9(tm
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "out"
 
-    # Kill the orchestrator once two trials are in PostgreSQL and a session's arms are running.
+    # Kill the orchestrator once two trials are in PostgreSQL and a whole session's arms are
+    # running (at least two RUNNING: a session's arms are stored one by one when it ends, and a
+    # half-stored session is rightly measured again as a whole, not reused).
     proc = subprocess.Popen(search_cmd(spec, out, postgres_url, "--quiet"), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     end = time.monotonic() + 300
-    while finished_trials(postgres_url) < 2 or finished_trials(postgres_url, "'RUNNING'") < 1:
+    while finished_trials(postgres_url) < 2 or finished_trials(postgres_url, "'RUNNING'") < 2:
         assert proc.poll() is None, f"the search ended before it could be killed: {proc.stderr.read()[-3000:]}"
         assert time.monotonic() < end, "no trial reached PostgreSQL"
         time.sleep(0.1)
@@ -231,7 +233,8 @@ def test_two_searches_never_share_a_study_and_a_lost_server_stops_the_search_cle
         assert not (tmp_path / "b" / "results.json").exists()
 
         # The server goes away while the first search runs: one clear error, no traceback.
-        while finished_trials(postgres_url, study=study) < 2:
+        # As above: a whole session in flight, none half-stored, when the server goes.
+        while finished_trials(postgres_url, study=study) < 2 or finished_trials(postgres_url, "'RUNNING'", study=study) < 2:
             assert first.poll() is None, first.stderr.read()[-3000:]
             assert time.monotonic() < end, "no trial reached PostgreSQL"
             time.sleep(0.1)
