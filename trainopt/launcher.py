@@ -174,8 +174,24 @@ def _serve(server: socket.socket, arms: set[int]) -> None:
         server.sendall(json.dumps(reply).encode())
 
 
+def _end() -> None:
+    """Kill every arm and leave at once, without interpreter teardown.
+
+    The teardown of a process that has imported torch and dynamo can block in C code (a
+    thread join, a lock), where no Python signal handler runs, the watchdog's included:
+    a launcher stuck there would outlive its orchestrator.
+    """
+    _kill_arms(set(_ARMS))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
 def _on_sigterm(signum, frame) -> None:
-    raise SystemExit(0)
+    _end()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in PRELOAD:
         importlib.import_module(name)
     server.sendall(json.dumps({"ready": os.getpid()}).encode())
-    serve(server)
+    try:
+        serve(server)
+    finally:
+        _end()
     return 0
 
 
