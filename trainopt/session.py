@@ -88,10 +88,11 @@ CUDA_HEADROOM = 0.9
 # resident, and a session that pushes the machine into swap measures the swap, not the arms.
 RAM_HEADROOM = 0.7
 # An arm whose first window runs below this share of the incumbent's rate measures no
-# further windows: no later window can lift it to a win (the search's screen gate is 0.98,
-# and one window's scatter here is a few per cent), and a slow arm's windows are the
-# session's most expensive ones (bf16 on a CPU without bf16 units: 0.08x).
-HOPELESS = 2 / 3
+# further windows: no later window can lift it to a win (the search's screen gate is 0.98),
+# and a slow arm's windows are the session's most expensive ones (bf16 on a CPU without
+# bf16 units: 0.08x). Half, not more: the incumbent's own first window can run 1.5x its
+# later ones on a busy machine, and a fair competitor must never be cut on that.
+HOPELESS = 1 / 2
 
 
 @dataclass

@@ -162,7 +162,7 @@ def test_sequential_session_runs_arms_in_a_seeded_order_and_returns_them_in_requ
 def test_hopeless_arms_are_those_far_below_the_incumbent_in_their_first_window():
     from trainopt.session import HOPELESS, hopeless_arms
 
-    assert hopeless_arms([100.0, 60.0, 70.0, 200.0, None]) == [1]
+    assert hopeless_arms([100.0, 40.0, 58.0, 200.0, None]) == [1]
     assert hopeless_arms([100.0, 100 * HOPELESS, 100 * HOPELESS - 0.01]) == [2]
     # The incumbent never stops, and without its figure no arm is judged.
     assert hopeless_arms([None, 1.0, 2.0]) == []
