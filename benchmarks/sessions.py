@@ -114,6 +114,9 @@ def main() -> None:
     ap.add_argument("--pin", default=None, help="comma-separated CPUs every arm is pinned to, e.g. 0 or 0,1")
     ap.add_argument("--no-aslr", action="store_true", help="launcher (and so every arm) without ASLR")
     ap.add_argument("--rewarm-steps", type=int, default=1)
+    ap.add_argument("--relocate", choices=["off", "on", "both"], default="off",
+                    help="move weights and optimizer state to fresh memory before every window; "
+                         "both: alternate sessions with and without, in the same run")
     ap.add_argument("--skip", action="append", default=[], choices=["sequential", "interleaved", "startup", "fidelity"])
     ap.add_argument("--json", default=None, help="also write every figure here")
     args = ap.parse_args()
@@ -135,6 +138,8 @@ def main() -> None:
         seq_data = _spec_data(args, args.seq_window_seconds, args.seq_windows)
         int_data = _spec_data(args, args.window_seconds, args.rounds)
         seq_logs, int_logs, within, int_arms, modes = [], [], [], [], set()
+        by_variant: dict[bool, list[float]] = {}
+        within_by: dict[bool, list[float]] = {}
         t_launch = time.perf_counter()
         inter._get_launcher()
         report["launcher_start_s"] = time.perf_counter() - t_launch
@@ -147,21 +152,28 @@ def main() -> None:
                     seq_logs.append(math.log(ratio))
                 print(f"pair {p + 1}: sequential  log-ratio {seq_logs[-1] if ratio else float('nan'):+.4f}  "
                       f"({r.wall_s:.1f} s)", flush=True)
-            if "interleaved" not in args.skip:
-                reqs, logs = _requests(int_data, out, f"int{p}")
+            variants = {"off": [False], "on": [True], "both": [False, True] if p % 2 == 0 else [True, False]}
+            for relocate in variants[args.relocate] if "interleaved" not in args.skip else []:
+                inter.relocate = relocate
+                reqs, logs = _requests(int_data, out, f"int{p}{'r' if relocate else ''}")
                 r = inter.run_session(reqs, logs, args.timeout, seed=p)
                 modes.add(r.mode)
                 ratio = r.ratio(1, 0)
                 if ratio:
+                    by_variant.setdefault(relocate, []).append(math.log(ratio))
+                    within_by.setdefault(relocate, []).append(_within_session_sd(r))
                     int_logs.append(math.log(ratio))
                     within.append(_within_session_sd(r))
                     int_arms += [a.samples_per_s for a in r.arms]
                 else:
                     print("  failed arms:", [(a.status, a.error) for a in r.arms])
-                print(f"pair {p + 1}: interleaved log-ratio {int_logs[-1] if ratio else float('nan'):+.4f}  "
+                print(f"pair {p + 1}: interleaved{' relocating' if relocate else ''} log-ratio "
+                      f"{int_logs[-1] if ratio else float('nan'):+.4f}  "
                       f"({r.wall_s:.1f} s, {r.mode}{', ' + r.note if r.note else ''})", flush=True)
         report.update(sequential_log_ratios=seq_logs, interleaved_log_ratios=int_logs, within_session_sd=within,
-                      interleaved_modes=sorted(modes))
+                      interleaved_modes=sorted(modes),
+                      by_relocate={str(k): v for k, v in by_variant.items()},
+                      within_by_relocate={str(k): v for k, v in within_by.items()})
 
         starts_fresh, starts_fork = [], list(inter.startup_s)
         if "startup" not in args.skip:
@@ -193,6 +205,11 @@ def main() -> None:
         print(f"A/A log-ratio sd, interleaved live arms ({args.rounds} rounds x {args.window_seconds} s windows): "
               f"{_sd(int_logs):.4f} over {len(int_logs)} pairs (mean {statistics.mean(int_logs):+.4f}); "
               f"windows inside a session predict {statistics.median(within):.4f}; modes {sorted(modes)}")
+    if len(by_variant) > 1:
+        for relocate, logs in sorted(by_variant.items()):
+            print(f"  {'relocating before every window' if relocate else 'fixed memory'}: sd {_sd(logs):.4f} over "
+                  f"{len(logs)} pairs (mean {statistics.mean(logs):+.4f}); windows inside predict "
+                  f"{statistics.median(within_by[relocate]):.4f}")
     if starts_fresh:
         print(f"start-up per arm: fresh python + imports median {statistics.median(starts_fresh):.3f} s; "
               f"forked from the launcher median {statistics.median(starts_fork):.4f} s "

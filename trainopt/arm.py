@@ -8,7 +8,8 @@ writes anything the orchestrator reads to stdout or stderr; those go to the arm'
 Messages are JSON objects, each carrying ``schema_version``:
 
 orchestrator -> arm
-    ``{"cmd": "start", "request": {...TrialRequest...}, "window_seconds": s, "rewarm_steps": k}``
+    ``{"cmd": "start", "request": {...TrialRequest...}, "window_seconds": s, "rewarm_steps": k,
+    "relocate": bool}``  (relocate: move weights and optimizer state to fresh memory before each window)
     ``{"cmd": "window"}``  run one timed window
     ``{"cmd": "finish"}``  report the final figures and exit
 arm -> orchestrator
@@ -147,8 +148,10 @@ class _PeakMemory:
 class _Arm:
     """The trainer of one arm and its counters."""
 
-    def __init__(self, request: TrialRequest, window_seconds: float | None, rewarm_steps: int):
+    def __init__(self, request: TrialRequest, window_seconds: float | None, rewarm_steps: int,
+                 relocate: bool = False):
         self.request = request
+        self.relocate = relocate
         self.window_seconds = window_seconds or request.spec["measure"]["window_seconds"]
         self.rewarm_steps = rewarm_steps
         self.trainer = None
@@ -246,6 +249,8 @@ class _Arm:
         """One timed window of ``window_steps`` steps, after ``rewarm_steps`` untimed ones."""
         trainer, clock = self.trainer, time.perf_counter
         t = clock()
+        if self.relocate:
+            _relocate(trainer)
         for _ in range(self.rewarm_steps):
             # Untimed: the caches were another arm's while this one was paused.
             trainer.step()
@@ -277,6 +282,30 @@ class _Arm:
 
     def final(self) -> dict[str, Any]:
         return {"kind": "final", "peak_memory_bytes": self.mem.peak() if self.mem else None, "steps": self.steps}
+
+
+def _relocate(trainer) -> None:
+    """Give the model's weights, buffers and optimizer state fresh memory.
+
+    A process keeps the physical pages of its weights (and, through the allocator's free
+    lists, of its activations) for its whole life, so their cache placement is fixed per
+    process. Copying the long-lived tensors and returning the freed heap pages to the
+    kernel re-draws that placement before every window.
+    """
+    import ctypes
+
+    import torch
+
+    with torch.no_grad():
+        for t in list(trainer.model.parameters()) + list(trainer.model.buffers()):
+            t.data = t.data.clone()
+        for state in trainer.optimizer.state.values():
+            for key, value in list(state.items()):
+                if torch.is_tensor(value):
+                    state[key] = value.clone()
+    with contextlib.suppress(OSError, AttributeError):
+        # glibc only: madvise(DONTNEED) on every free chunk, so the next allocations fault in new pages.
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def rewarm_for(typical_step_s: float, window_seconds: float, rewarm_steps: int) -> int:
@@ -313,7 +342,8 @@ def serve(fd: int) -> int:
         try:
             if cmd == "start":
                 request = TrialRequest.from_json(json.dumps(msg["request"]))
-                arm = _Arm(request, msg.get("window_seconds"), int(msg.get("rewarm_steps", 1)))
+                arm = _Arm(request, msg.get("window_seconds"), int(msg.get("rewarm_steps", 1)),
+                           bool(msg.get("relocate", False)))
                 reply = arm.setup()
             elif cmd == "window" and arm is not None:
                 reply = arm.window()

@@ -538,6 +538,8 @@ class InterleavedSessionRunner:
         python: Interpreter for the launcher (default: this one).
         aslr: False starts the launcher with address-space layout randomisation off
             (``setarch -R``), so every arm of every session gets the same memory layout.
+        relocate: True moves every arm's weights and optimizer state to fresh memory (and
+            returns its freed heap to the kernel) before each window.
         host_ram_bytes: The host RAM the CPU co-residence rule compares against (default:
             the machine's total RAM).
         on_window: Called as ``on_window(arm_index, trees)`` before each timed window, while
@@ -548,10 +550,11 @@ class InterleavedSessionRunner:
     def __init__(self, rounds: int | None = None, window_seconds: float | None = None, rewarm_steps: int = 1,
                  env: dict[str, str] | None = None, cpus: Sequence[int] | None = None,
                  fallback: Runner | None = None, python: str | None = None,
-                 aslr: bool = True, host_ram_bytes: int | None = None,
+                 aslr: bool = True, host_ram_bytes: int | None = None, relocate: bool = False,
                  on_window: Callable[[int, list[list[int]]], None] | None = None):
         self.on_window = on_window
         self.aslr = aslr
+        self.relocate = relocate
         self.host_ram_bytes = host_ram_bytes
         self.rounds = rounds
         self.window_seconds = window_seconds
@@ -632,7 +635,8 @@ class InterleavedSessionRunner:
                 if arm.failure:
                     continue
                 arm.ready = arm.ask({"cmd": "start", "request": json.loads(request.to_json()),
-                                     "window_seconds": self.window_seconds, "rewarm_steps": self.rewarm_steps},
+                                     "window_seconds": self.window_seconds, "rewarm_steps": self.rewarm_steps,
+                                     "relocate": self.relocate},
                                     timeout_s, "warm-up")
                 arm.pause()
             reason = self._fallback_reason(arms)

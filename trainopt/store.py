@@ -200,6 +200,23 @@ class _StudyLock:
             handle = fh
         self._held[self._id] = [handle, 1]
 
+    def check(self) -> None:
+        """Raise if the lock was lost: its PostgreSQL connection ended under it.
+
+        A server restart (or an administrator's ``pg_terminate_backend``) ends the lock's
+        session and so the lock, while Optuna's own pool reconnects as if nothing happened;
+        without this check another search could then take the study and retire this one's
+        running trials as stale.
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: The lock's connection is gone.
+        """
+        held = self._held.get(self._id)
+        conn = held[0] if held is not None else None
+        if isinstance(conn, sqlalchemy.engine.Connection):
+            conn.execute(sqlalchemy.text("select 1"))
+            conn.commit()
+
     def release(self) -> None:
         if self._released:
             return
@@ -214,6 +231,15 @@ class _StudyLock:
                 held[0].close()  # PostgreSQL: ends the session, and with it the advisory lock
         except (sqlalchemy.exc.SQLAlchemyError, OSError):
             pass  # the server already dropped it
+
+
+def _lost_lock(url: str, study_name: str, exc: BaseException) -> StoreLost:
+    return StoreLost(
+        f"--storage {masked_url(url)}: lost the hold on the study {study_name!r} during the search: the database "
+        f"connection that held it ended ({_first_line(exc)}), for example in a server restart, so another search "
+        f"could take the study; this search stops here, and every trial that finished before is kept there: run "
+        f"the same command again to resume"
+    )
 
 
 def _lost(url: str, exc: BaseException) -> StoreLost:
@@ -307,12 +333,24 @@ class TrialStore:
         """The finished result stored under ``key``, or None."""
         return self._done.get(key)
 
+    def _check_lock(self) -> None:
+        try:
+            self._lock.check()
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            try:
+                with self.storage.engine.connect() as conn:
+                    conn.execute(sqlalchemy.text("select 1"))
+            except sqlalchemy.exc.SQLAlchemyError as down:
+                raise _lost(self.url, down) from None  # the whole server is gone, not just the lock
+            raise _lost_lock(self.url, self.study_name, exc) from None
+
     def begin(self, key: str, meta: dict[str, Any]) -> optuna.trial.Trial:
         """Open a trial (state RUNNING) before its process starts.
 
         Raises:
-            StoreLost: The database cannot be reached any more.
+            StoreLost: The database cannot be reached any more, or the study's lock was lost.
         """
+        self._check_lock()
         try:
             trial = self.study.ask()
             trial.set_user_attr("key", key)
@@ -325,8 +363,10 @@ class TrialStore:
         """Close a trial with its result: COMPLETE with throughput, or FAIL with its status.
 
         Raises:
-            StoreLost: The database cannot be reached any more (the result is not kept).
+            StoreLost: The database cannot be reached any more, or the study's lock was lost
+                (the result is not kept).
         """
+        self._check_lock()
         payload = json.dumps(result.to_dict(), default=str)
         try:
             trial.set_user_attr("result", payload)

@@ -259,3 +259,34 @@ def test_two_searches_never_share_a_study_and_a_lost_server_stops_the_search_cle
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     doc = json.loads((tmp_path / "a" / "results.json").read_text())
     assert doc["complete"] and doc["counts"]["trials_reused"] >= 2
+
+
+def test_a_lost_study_lock_stops_the_search_while_the_server_stays_up(tmp_path, postgres_url):
+    from trainopt.protocol import TrialResult
+    from trainopt.store import StoreLost, TrialStore
+
+    store = TrialStore(postgres_url, "tiny-lock-lost", "fp-1")
+    try:
+        trial = store.begin("k1", {"role": "baseline"})
+        store.finish(trial, "k1", {"role": "baseline"}, TrialResult(status="error", settings={}, error="x"))
+        # The connection that holds the advisory lock ends (as in a server restart); Optuna's
+        # own pool still reaches the server, so nothing else would notice.
+        con = _connect(postgres_url)
+        try:
+            con.autocommit = True
+            with con.cursor() as cur:
+                cur.execute("select pg_terminate_backend(pid) from pg_locks where locktype = 'advisory' "
+                            "and database = (select oid from pg_database where datname = current_database())")
+                assert cur.rowcount == 1
+        finally:
+            con.close()
+        with pytest.raises(StoreLost, match="lost the hold on the study 'tiny-lock-lost'.*run the same command again"):
+            store.begin("k2", {"role": "baseline"})
+    finally:
+        store.close()
+    # The study is free again and keeps what finished before.
+    again = TrialStore(postgres_url, "tiny-lock-lost", "fp-1")
+    try:
+        assert again.lookup("k1") is not None and again.lookup("k2") is None
+    finally:
+        again.close()
