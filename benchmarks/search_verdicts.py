@@ -12,6 +12,7 @@ kept changes with the coverage of their reported interval.
 
 Usage:
     python benchmarks/search_verdicts.py [--reps 400] [--rule sequential|old|both] [--max-pairs 14 20]
+        [--sd 0.06 0.10 0.165] [--min-speedup 0.03]  (A/A rows always also at min_speedup 0)
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--rule", choices=["sequential", "old", "both"], default="both")
     ap.add_argument("--max-pairs", type=int, nargs="+", default=[20, 14])
+    ap.add_argument("--sd", type=float, nargs="+", default=[0.06, 0.10, 0.165], help="pair log-ratio sds")
+    ap.add_argument("--min-speedup", type=float, nargs="+", default=[0.03],
+                    help="min_speedup of the rows with an effect")
     args = ap.parse_args()
     olds = {"sequential": (False,), "old": (True,), "both": (False, True)}[args.rule]
     tmp = Path(tempfile.mkdtemp())
@@ -69,9 +73,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for old in olds:
         for max_pairs in args.max_pairs:
-            for sd in (0.06, 0.10, 0.165):
+            for sd in args.sd:
                 for effect in (1.0, 1.05, 1.10, 1.25):
-                    for ms in ((0.0, 0.03) if effect == 1.0 else (0.03,)):
+                    for ms in (sorted({0.0, *args.min_speedup}) if effect == 1.0 else args.min_speedup):
                         a, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
                                             min_speedup=ms, max_pairs=max_pairs, old=old)
                         print(f"| {'old interval' if old else 'sequential'} | {max_pairs} | {sd} | {ms} | {effect} | "

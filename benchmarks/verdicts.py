@@ -14,13 +14,16 @@ Sections:
             reported interval and the mean reported speedup among kept changes, over noise
             sd 0.05/0.18/0.5, normal/t3/contaminated tails, min_speedup 0/0.03;
   budgets   the spec's pair-budget edges and both interval methods;
-  real      resampled real A/A pairs (benchmarks/data/aa-pairs.json), sign-symmetrised;
+  real      resampled real A/A pairs, sign-symmetrised, and the same pairs consumed in order
+            (``--real-data``: benchmarks/data/aa-pairs.json, sequential fresh processes, and
+            benchmarks/data/aa-sessions.json, interleaved sessions as the search runs them);
   screen    one knob end to end: a multi-arm screen session, then confirmation(s);
             adoption of a true +10 % change and A/A adoption per knob;
   search    today's ``Search`` driven through ``tests.fakes.FakeRunner`` for a reference.
 
 Usage:
     python benchmarks/verdicts.py [--reps 2000] [--sections confirm,budgets,real,screen,search]
+        [--real-data FILE ...]
 """
 
 from __future__ import annotations
@@ -43,13 +46,19 @@ from trainopt.sequential import SequentialRule, holdout_estimate, holdout_pairs,
 
 EFFECTS = (1.0, 1.05, 1.10, 1.25)
 DATA = ROOT / "benchmarks" / "data" / "aa-pairs.json"
+SESSIONS_DATA = ROOT / "benchmarks" / "data" / "aa-sessions.json"
 
 
 # ---- noise ---------------------------------------------------------------------------------
 
 
-def noise(rng: np.random.Generator, tail: str, sd: float, size) -> np.ndarray:
-    """Zero-median noise with standard deviation ``sd`` (``real``: resampled measured pairs)."""
+def noise(rng: np.random.Generator, tail, sd: float, size) -> np.ndarray:
+    """Zero-median noise with standard deviation ``sd``; ``tail`` an array: resampled measured log-ratios."""
+    if isinstance(tail, np.ndarray):
+        x = tail[rng.integers(0, len(tail), size)]
+        # A/A with random order inside each pair is symmetric about 0: flip signs at
+        # random so the measured sample's own median does not flatter the rule.
+        return x * rng.choice([-1.0, 1.0], size)
     if tail == "normal":
         return rng.normal(0.0, sd, size)
     if tail == "t3":
@@ -57,16 +66,16 @@ def noise(rng: np.random.Generator, tail: str, sd: float, size) -> np.ndarray:
     if tail == "contaminated":
         wide = np.where(rng.random(size) < 0.1, 5.0, 1.0)
         return sd * wide * rng.normal(0.0, 1.0, size) / math.sqrt(3.4)
-    if tail == "real":
-        pairs = REAL
-        x = pairs[rng.integers(0, len(pairs), size)]
-        # A/A with random order inside each pair is symmetric about 0: flip signs at
-        # random so the measured sample's own -0.5 % median does not flatter the rule.
-        return x * rng.choice([-1.0, 1.0], size)
     raise ValueError(tail)
 
 
-REAL = np.array([math.log(a / b) for a, b in json.loads(DATA.read_text())["pairs"]]) if DATA.exists() else np.zeros(1)
+def load_log_ratios(path: Path) -> np.ndarray:
+    """Measured A/A log-ratios: ``pairs`` of throughputs (``confirmation.py measure``) or
+    ``interleaved_log_ratios`` (``sessions.py --json``)."""
+    data = json.loads(Path(path).read_text())
+    if "pairs" in data:
+        return np.array([math.log(a / b) for a, b in data["pairs"]])
+    return np.array(data["interleaved_log_ratios"])
 
 
 # ---- the two rules -------------------------------------------------------------------------
@@ -196,13 +205,46 @@ def section_budgets(args, rng):
     print_cell_rows(f"hodges-lehmann normal pairs 3–1000 ({old_reps} reps, A/A only)", res, rules=("old",))
 
 
+def in_order(real: np.ndarray, effect: float, budget, min_speedup: float) -> tuple[int, int, float]:
+    """The new rule on the measured pairs consumed in order, fresh pairs for every confirmation.
+
+    Returns (improved, confirmations, mean pairs); a confirmation that would need more pairs
+    than are left is not counted.
+    """
+    rule = SequentialRule(*budget, 0.95, min_speedup)
+    pos, improved, done, used = 0, 0, 0, 0
+    while True:
+        r = math.log(effect) + real[pos:pos + budget[1]]
+        for look in rule.looks:
+            if look.n > len(r):
+                return improved, done, used / max(done, 1)
+            d = rule.decide(r[: look.n])
+            if d.done:
+                break
+        improved += d.verdict == "improved"
+        done += 1
+        used += d.n
+        pos += d.n
+
+
 def section_real(args, rng):
-    print(f"\n### Real A/A pairs resampled (sign-symmetrised; {len(REAL)} pairs, sd {REAL.std(ddof=1):.3f})\n")
-    print(HEADER)
-    for m in (0.0, 0.03):
-        for method in ("hodges-lehmann", "t"):
-            res, _ = cell(rng, args.reps, "real", 0.0, (6, 20), 0.95, m, method)
-            print_cell_rows(f"real pairs, {method}, min_speedup {m}", res)
+    for path in args.real_data:
+        real = load_log_ratios(path)
+        print(f"\n### Real A/A pairs from {Path(path).name}, resampled (sign-symmetrised; {len(real)} pairs, "
+              f"sd {real.std(ddof=1):.3f}, mean {real.mean():+.3f})\n")
+        print(HEADER)
+        for m in (0.0, 0.03):
+            for budget in ((6, 20), (6, 14)):
+                res, _ = cell(rng, args.reps, real, 0.0, budget, 0.95, m, "hodges-lehmann")
+                print_cell_rows(f"real pairs, pairs {budget[0]}-{budget[1]}, min_speedup {m}", res)
+        print("\nThe same pairs consumed in order by the new rule (fresh pairs for every confirmation; "
+              "planted effects multiply the candidate side):\n")
+        print("| min_speedup | budget | A/A improved | +5 % | +10 % | +25 % | mean pairs (A/A) |\n|---|---|---|---|---|---|---|")
+        for m in (0.0, 0.03):
+            for budget in ((6, 20), (6, 14)):
+                cells = [in_order(real, e, budget, m) for e in EFFECTS]
+                print(f"| {m} | {budget[0]}-{budget[1]} | " + " | ".join(f"{i} of {k}" for i, k, _ in cells)
+                      + f" | {cells[0][2]:.1f} |", flush=True)
 
 
 def one_knob(rng, k, effect, sd, policy, budget=(6, 20), min_speedup=0.03, confidence=0.95):
@@ -308,6 +350,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2000, help="confirmations per effect and setting")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real-data", nargs="+", default=[str(DATA), str(SESSIONS_DATA)],
+                    help="measured A/A pairs for the real section")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     start = time.time()

@@ -51,7 +51,10 @@ def no_orphan_processes():
         described = []
         for p in left:
             try:
-                described.append(f"{p.pid}: {' '.join(p.cmdline())[:200]}")
+                parent = p.parent()
+                described.append(f"{p.pid}: {' '.join(p.cmdline())[:200]} (status {p.status()}, parent "
+                                 f"{parent.pid if parent else None}: "
+                                 f"{' '.join(parent.cmdline())[:120] if parent else ''})")
                 p.kill()  # so the next module starts clean
             except psutil.Error:
                 pass
