@@ -75,6 +75,13 @@ def _child(control_fd: int, log_fd: int, server: socket.socket) -> None:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         os.setsid()
         _die_with_parent()
+        arm_pid = os.getpid()
+        # Loader workers (every process this arm forks) die with the arm too: a paused arm's
+        # workers are stopped, and if the arm is killed (its launcher killed at once with its
+        # orchestrator, as a node's process manager does) nothing would ever resume or end
+        # them; the kernel's orphaned-group rule does not apply, since the arm leads its own
+        # session. The check after prctl covers an arm that died before it.
+        os.register_at_fork(after_in_child=lambda: (_die_with_parent(), os.getppid() != arm_pid and os._exit(70)))
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)

@@ -203,6 +203,37 @@ def test_no_arm_or_loader_worker_outlives_an_interrupted_orchestrator(tmp_path, 
     assert _alive(pids) == []
 
 
+def test_no_loader_worker_outlives_a_launcher_killed_with_its_orchestrator(tmp_path):
+    # As when a machine's process manager kills a whole process group (a Ray node going
+    # away): the launcher gets no chance to end its arms, a paused arm's loader workers are
+    # stopped, and nothing would ever resume them.
+    script = tmp_path / "orchestrator.py"
+    script.write_text(SCRIPT.format(root=str(ROOT), out=str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "trees.json").exists():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        trees = json.loads((tmp_path / "trees.json").read_text())
+        pids = {pid for tree in trees for pid in tree}
+        launchers = [p.pid for p in psutil.Process(proc.pid).children()]
+        assert len(launchers) == 1 and len(pids) >= 4
+        for pid in launchers + [proc.pid]:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 15
+    while _alive(pids | set(launchers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(pids | set(launchers)) == []
+
+
 def test_threads_and_launcher_environment_apply_to_each_forked_arm(tmp_path):
     # The launcher imported torch before any arm chose its thread count: each arm's
     # setting must still take effect after the fork, and the launcher's environment
