@@ -109,11 +109,6 @@ def _arms_live_on(node) -> bool:
     return launchers >= 2
 
 
-@pytest.mark.skipif(
-    os.environ.get("TRAINOPT_RAY_NODE_LOSS") != "1",
-    reason="known problem: a launcher started on the removed node can outlive the test; the executor-level "
-           "node-loss test (test_ray.py) covers the re-run; set TRAINOPT_RAY_NODE_LOSS=1 to run this one",
-)
 def test_search_survives_losing_a_node_mid_session(tmp_path, two_nodes):
     cluster, worker = two_nodes
     spec = spec_file(tmp_path, **INPUT_BOUND)
