@@ -249,7 +249,8 @@ class _Arm:
         """One timed window of ``window_steps`` steps, after ``rewarm_steps`` untimed ones."""
         trainer, clock = self.trainer, time.perf_counter
         t = clock()
-        if self.relocate:
+        if self.relocate and self.rewarm_steps:
+            # Only with a re-warm step after it: the new pages' faults must not be timed.
             _relocate(trainer)
         for _ in range(self.rewarm_steps):
             # Untimed: the caches were another arm's while this one was paused.

@@ -176,37 +176,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_no_arm_or_loader_worker_outlives_an_interrupted_orchestrator(tmp_path, sig):
-    script = tmp_path / "orchestrator.py"
-    script.write_text(SCRIPT.format(root=str(ROOT), out=str(tmp_path)))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 90
-        while not (tmp_path / "trees.json").exists():
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        time.sleep(1.0)  # mid-session: windows running, the other arm paused
-        pids = {pid for tree in json.loads((tmp_path / "trees.json").read_text()) for pid in tree}
-        pids |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # the launcher too
-        assert len(pids) >= 5
-        os.kill(proc.pid, sig)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    deadline = time.monotonic() + 15
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _alive(pids) == []
-
-
-def test_no_loader_worker_outlives_a_launcher_killed_with_its_orchestrator(tmp_path):
-    # As when a machine's process manager kills a whole process group (a Ray node going
-    # away): the launcher gets no chance to end its arms, a paused arm's loader workers are
-    # stopped, and nothing would ever resume them.
+def _session_in_flight(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
+    """An orchestrator process mid-session (windows running, the other arm paused) and the
+    pids of its arms and their loader workers."""
     script = tmp_path / "orchestrator.py"
     script.write_text(SCRIPT.format(root=str(ROOT), out=str(tmp_path)))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stderr=subprocess.PIPE)
@@ -217,8 +189,41 @@ def test_no_loader_worker_outlives_a_launcher_killed_with_its_orchestrator(tmp_p
             assert time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1.0)
-        trees = json.loads((tmp_path / "trees.json").read_text())
-        pids = {pid for tree in trees for pid in tree}
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, {pid for tree in json.loads((tmp_path / "trees.json").read_text()) for pid in tree}
+
+
+def _assert_all_end(pids: set[int]) -> None:
+    deadline = time.monotonic() + 15
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(pids) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_arm_or_loader_worker_outlives_an_interrupted_orchestrator(tmp_path, sig):
+    proc, pids = _session_in_flight(tmp_path)
+    try:
+        pids |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # the launcher too
+        assert len(pids) >= 5
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _assert_all_end(pids)
+
+
+def test_no_loader_worker_outlives_a_launcher_killed_with_its_orchestrator(tmp_path):
+    # As when a machine's process manager kills a whole process group (a Ray node going
+    # away): the launcher gets no chance to end its arms, a paused arm's loader workers are
+    # stopped, and nothing would ever resume them.
+    proc, pids = _session_in_flight(tmp_path)
+    try:
         launchers = [p.pid for p in psutil.Process(proc.pid).children()]
         assert len(launchers) == 1 and len(pids) >= 4
         for pid in launchers + [proc.pid]:
@@ -228,10 +233,7 @@ def test_no_loader_worker_outlives_a_launcher_killed_with_its_orchestrator(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    deadline = time.monotonic() + 15
-    while _alive(pids | set(launchers)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _alive(pids | set(launchers)) == []
+    _assert_all_end(pids | set(launchers))
 
 
 def test_threads_and_launcher_environment_apply_to_each_forked_arm(tmp_path):
