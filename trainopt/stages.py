@@ -2,7 +2,8 @@
 
 Used by every knob, the batch size included (``batch_stage`` makes its candidates from
 real memory probes first). The screen is one session of the incumbent and every
-candidate; each confirmation is a series of fresh two-arm sessions decided by
+candidate (with several slots: up to one session per slot, the candidates split between
+them); each confirmation is a series of fresh two-arm sessions decided by
 ``sequential.SequentialRule`` through ``confirmation.confirm``; sessions come from the
 ``TrialBroker``.
 """
@@ -103,13 +104,28 @@ class KnobStage:
         return self._decide(incumbent, knob, stage, ref, screens, self.broker.unstable[n0:])
 
     def _screen(self, incumbent: dict[str, Any], cands: list[dict[str, Any]], stage: str, knob: str):
-        """One session of the incumbent and every candidate; point speedups only."""
-        [session] = self.broker.sessions([SessionAsk([incumbent, *cands], stage, knob, "screen", "screen")])
-        ref = session.arms[0]
-        if not ref.ok:
-            raise SearchFailed(f"the incumbent failed while screening {knob} ({ref.status}: {ref.error}); log: {ref.log_path}")
-        screens = [(settings, session.arms[i + 1], session.ratio(i + 1, 0)) for i, settings in enumerate(cands)]
-        return ref, screens
+        """Point speedups of every candidate from sessions with the incumbent.
+
+        One session of the incumbent and every candidate; with several slots, the
+        candidates are split over up to one session per slot, each with its own copy of the
+        incumbent (a candidate's ratio is always to the incumbent of its own session), and
+        the sessions run side by side. Returns the first session's incumbent arm and, per
+        candidate, (settings, arm, ratio).
+        """
+        n = max(1, min(int(getattr(self.broker.executor, "slots", 1) or 1), len(cands)))
+        groups = [cands[g * len(cands) // n:(g + 1) * len(cands) // n] for g in range(n)]
+        # One session keeps the tag "screen", so a one-slot search stores what it always did.
+        asks = [SessionAsk([incumbent, *group], stage, knob, "screen", "screen" if n == 1 else f"screen{g}")
+                for g, group in enumerate(groups)]
+        refs, screens = [], []
+        for group, session in zip(groups, self.broker.sessions(asks)):
+            ref = session.arms[0]
+            if not ref.ok:
+                raise SearchFailed(f"the incumbent failed while screening {knob} ({ref.status}: {ref.error}); "
+                                   f"log: {ref.log_path}")
+            refs.append(ref)
+            screens += [(settings, session.arms[i + 1], session.ratio(i + 1, 0)) for i, settings in enumerate(group)]
+        return refs[0], screens
 
     def _confirm(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str, family: int) -> Confirmation:
         rule = self.rule or SequentialRule.from_measure(self.measure, family=family)

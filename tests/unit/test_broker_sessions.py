@@ -98,3 +98,19 @@ def test_a_session_still_unstable_after_its_retries_marks_the_verdict_and_warns(
     assert amp["extra"].get("unstable"), amp
     assert doc["stability"]["unstable_verdicts"] >= 1
     assert any("unstable" in w and "amp=bf16" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_with_several_slots_the_screen_is_split_into_sessions_that_run_together(tmp_path):
+    runner = FakeRunner({("num_workers", 2): 1.4}, arm_sd=0.02, session_sd=0.0, seed=3)
+    executor = CountingExecutor(runner)
+    executor.slots = 2
+    doc = make(tmp_path, runner, {"num_workers": [0, 1, 2, 3]}, executor=executor)[0].run()
+    # One batch of two screen sessions, each with its own incumbent arm.
+    assert [size for role, size in executor.batches if role == "screen"] == [2]
+    screens = [s for s in runner.sessions if s[0].trial_id.startswith("screen/")]
+    assert [len(s) for s in screens] == [2, 3]
+    assert all(s[0].settings["num_workers"] == 0 for s in screens)
+    assert sorted(r.settings["num_workers"] for s in screens for r in s[1:]) == [1, 2, 3]
+    decisions = {d["to"]: d for d in doc["decisions"] if d["knob"] == "num_workers"}
+    assert set(decisions) == {1, 2, 3} and all(d["screen_speedup"] for d in decisions.values())
+    assert decisions[2]["verdict"] == "improved" and decisions[2]["kept"]
