@@ -101,9 +101,10 @@ def time_by_role(out: Path, doc: dict) -> dict[str, list[float]]:
     return by_role
 
 
-# Sessions that run alone whatever the slots: lone trials, the one screen session of a knob,
-# and the final check (exclusive). The rest (confirmation pairs up to each look, holdout
-# pairs) are handed to the executor as batches.
+# Sessions counted as running alone whatever the slots: lone trials, a knob's screen, and the
+# final check (exclusive). The rest (confirmation pairs up to each look, holdout pairs) are
+# handed to the executor as batches. A screen with several candidates is split over the slots,
+# so counting it as alone makes the printed ceiling a lower guide for such searches.
 ALONE = ("baseline", "probe", "screen", "final")
 
 
