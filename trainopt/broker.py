@@ -232,9 +232,12 @@ class TrialBroker:
             handles.append(hs)
             jobs.append(SessionJob(requests, logs, self.spec.measure.trial_timeout_s, seed))
             self.progress.trial_started(stage=ask.stage, knob=ask.knob, role=ask.role, detail=self._detail(ask), arms=len(ask.arms))
+        t0 = time.monotonic()
         out = self.executor.run_many(jobs, exclusive=exclusive)
+        # The ETA prices an arm in the search's own wall time: sessions that ran side by side
+        # on several slots share the time they took, so each arm costs its share of the batch.
+        per_arm = (time.monotonic() - t0) / max(1, sum(len(r.arms) for r in out))
         for ask, hs, result in zip(asks, handles, out):
-            per_arm = (result.wall_s or 0.0) / max(1, len(result.arms))
             for i, (key, h, arm) in enumerate(zip(ask.keys(), hs, result.arms)):
                 arm.session = {"id": f"{ask.role}/{ask.knob}/{ask.tag}", "arm": i, "arms": len(result.arms), "mode": result.mode,
                                "note": result.note, "rounds": result.rounds, "finished_s": round(time.time() - self.state.started, 3)}

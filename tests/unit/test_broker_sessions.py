@@ -114,3 +114,38 @@ def test_with_several_slots_the_screen_is_split_into_sessions_that_run_together(
     decisions = {d["to"]: d for d in doc["decisions"] if d["knob"] == "num_workers"}
     assert set(decisions) == {1, 2, 3} and all(d["screen_speedup"] for d in decisions.values())
     assert decisions[2]["verdict"] == "improved" and decisions[2]["kept"]
+
+
+def test_the_eta_prices_arms_that_ran_side_by_side_at_their_share_of_the_batch(tmp_path):
+    import time
+
+    from trainopt.progress import NullProgress
+
+    class SlowExecutor(CountingExecutor):
+        """Two slots; every batch takes 0.05 s of wall time however many sessions it holds."""
+
+        slots = 2
+        spent = 0.0
+
+        def run_many(self, jobs, exclusive=False):
+            t0 = time.monotonic()
+            time.sleep(0.05)
+            out = super().run_many(jobs, exclusive)
+            self.spent += time.monotonic() - t0
+            return out
+
+    class Walls(NullProgress):
+        def __init__(self):
+            self.walls = []
+
+        def trial_finished(self, result, wall_s=None):
+            self.walls.append(wall_s)
+
+    runner = FakeRunner({("amp", "bf16"): 1.0}, arm_sd=0.1, session_sd=0.0, seed=2)
+    executor, progress = SlowExecutor(runner), Walls()
+    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure=BUDGET), "t.yaml", tmp_path)
+    Search(spec, tmp_path, runner, MemoryStore(), progress=progress, executor=executor).run()
+    session_walls = [w for w in progress.walls if w is not None]
+    assert any(size > 1 for _, size in executor.batches)  # some batches ran several sessions at once
+    # The arms' prices add up to the time the batches took, not to slots times that.
+    assert abs(sum(session_walls) - executor.spent) < 0.1 * executor.spent
