@@ -45,8 +45,9 @@ class ConsoleProgress(NullProgress):
     The ETA is the estimated number of remaining trials times the median wall time of the
     last ``RECENT`` trials run in this session (reused trials cost nothing and are not
     counted); an arm of a session costs its share of the search's wall time for the batch
-    it ran in, so arms that ran side by side on several slots are not counted twice. Recent, not all: a trial's cost follows the incumbent, and once a larger
-    batch or a compiled model is adopted every later arm costs several times an early one.
+    it ran in, so arms that ran side by side on several slots are not counted twice.
+    Recent, not all: a trial's cost follows the incumbent, and once a larger batch or a
+    compiled model is adopted every later arm costs several times an early one.
     The median, not the mean: one very slow candidate (bf16 on a CPU without bf16 units)
     says nothing about the cost of the arms after it.
     """

@@ -117,15 +117,15 @@ class KnobStage:
         # One session keeps the tag "screen", so a one-slot search stores what it always did.
         asks = [SessionAsk([incumbent, *group], stage, knob, "screen", "screen" if n == 1 else f"screen{g}")
                 for g, group in enumerate(groups)]
-        refs, screens = [], []
-        for group, session in zip(groups, self.broker.sessions(asks)):
+        sessions = self.broker.sessions(asks)
+        screens = []
+        for group, session in zip(groups, sessions):
             ref = session.arms[0]
             if not ref.ok:
                 raise SearchFailed(f"the incumbent failed while screening {knob} ({ref.status}: {ref.error}); "
                                    f"log: {ref.log_path}")
-            refs.append(ref)
             screens += [(settings, session.arms[i + 1], session.ratio(i + 1, 0)) for i, settings in enumerate(group)]
-        return refs[0], screens
+        return sessions[0].arms[0], screens
 
     def _confirm(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str, family: int) -> Confirmation:
         rule = self.rule or SequentialRule.from_measure(self.measure, family=family)
