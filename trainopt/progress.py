@@ -62,7 +62,9 @@ class ConsoleProgress(NullProgress):
         self.live = self.console.is_terminal and not quiet
         self.start = time.monotonic()
         self.walls: list[float] = []
-        self.remaining = 0
+        # None until the search has a plan: the baseline trial finishes before the plan
+        # knows how many trials follow, and "ETA 0s" there would be a wrong figure.
+        self.remaining: int | None = None
         self.done = 0
         self.reused = 0
         self.current = ""
@@ -72,7 +74,7 @@ class ConsoleProgress(NullProgress):
             self._status.start()
 
     def _eta(self) -> float | None:
-        if not self.walls:
+        if not self.walls or self.remaining is None:
             return None
         return self.remaining * statistics.median(self.walls[-self.RECENT:])
 
@@ -100,7 +102,7 @@ class ConsoleProgress(NullProgress):
     def trial_finished(self, result: Any, wall_s: float | None = None) -> None:
         """One trial (or one arm of a session, with its share ``wall_s`` of the session's time) finished."""
         self.done += 1
-        self.remaining = max(0, self.remaining - 1)
+        self._count_down()
         wall = wall_s if wall_s is not None else result.wall_s
         if wall:
             self.walls.append(wall)
@@ -113,7 +115,11 @@ class ConsoleProgress(NullProgress):
 
     def trial_reused(self) -> None:
         self.reused += 1
-        self.remaining = max(0, self.remaining - 1)
+        self._count_down()
+
+    def _count_down(self) -> None:
+        if self.remaining is not None:
+            self.remaining = max(0, self.remaining - 1)
 
     def close(self) -> None:
         if self._status:

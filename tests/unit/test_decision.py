@@ -76,6 +76,22 @@ def test_the_eta_prices_the_remaining_trials_at_the_recent_trials_cost():
     assert progress._eta() == 16.0
 
 
+def test_eta_is_unknown_until_the_search_says_how_many_trials_remain():
+    import io
+    from types import SimpleNamespace
+
+    from trainopt.progress import ConsoleProgress
+
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    # The baseline trial ends before the plan is known: no "ETA 0s" for it.
+    progress.trial_finished(SimpleNamespace(samples_per_s=5.0, error=None, status="ok", wall_s=3.0))
+    assert progress._eta() is None
+    assert "(ETA ?)" in stream.getvalue()
+    progress.set_remaining(10)
+    assert progress._eta() == 30.0
+
+
 def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
     import io
     from types import SimpleNamespace
