@@ -9,7 +9,8 @@ Messages are JSON objects, each carrying ``schema_version``:
 
 orchestrator -> arm
     ``{"cmd": "start", "request": {...TrialRequest...}, "window_seconds": s, "rewarm_steps": k,
-    "relocate": bool}``  (relocate: move weights and optimizer state to fresh memory before each window)
+    "rewarm_share": f, "relocate": bool}``  (relocate: move weights and optimizer state to fresh
+    memory before each window; rewarm_share: see ``rewarm_for``, default ``REWARM_SHARE``)
     ``{"cmd": "window"}``  run one timed window
     ``{"cmd": "finish"}``  report the final figures and exit
 arm -> orchestrator
@@ -43,12 +44,13 @@ from trainopt.protocol import SCHEMA_VERSION, TrialRequest
 
 __all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE"]
 
-# Untimed re-warm steps run only while one step is shorter than this share of a window.
-# The re-warm reloads what another arm evicted while this one was paused (caches, the
-# allocator's free lists): tens of milliseconds at most. A step that alone fills the
-# window dwarfs that, and its window is that one step, so a re-warm step would double
-# the window's cost. Shorter steps keep it: there a cold start would be a larger share.
-REWARM_SHARE = 1.0
+# Untimed re-warm steps run only while one step is at most this share of a window. The
+# re-warm reloads what another arm evicted while this one was paused (caches, the
+# allocator's free lists). Measured here (``benchmarks/rewarm.py``): a step taken cold
+# after a pause exceeds a warm one by a few milliseconds (median +1 ms at a 63 ms step,
+# +4 ms at a 360 ms one), about 1 % of a one-step window, while the re-warm step itself
+# costs a whole step: from a quarter-window step on it adds 25-100 % to every window.
+REWARM_SHARE = 0.25
 
 
 def send(conn: Connection, message: dict[str, Any]) -> None:
@@ -149,8 +151,9 @@ class _Arm:
     """The trainer of one arm and its counters."""
 
     def __init__(self, request: TrialRequest, window_seconds: float | None, rewarm_steps: int,
-                 relocate: bool = False):
+                 relocate: bool = False, rewarm_share: float = REWARM_SHARE):
         self.request = request
+        self.rewarm_share = rewarm_share
         self.relocate = relocate
         self.window_seconds = window_seconds or request.spec["measure"]["window_seconds"]
         self.rewarm_steps = rewarm_steps
@@ -215,7 +218,7 @@ class _Arm:
         warmup_s = clock() - start
         self.steps = steps
         self.window_steps = max(1, int(round(self.window_seconds / max(typical, 1e-9))))
-        self.rewarm_steps = rewarm_for(typical, self.window_seconds, self.rewarm_steps)
+        self.rewarm_steps = rewarm_for(typical, self.window_seconds, self.rewarm_steps, self.rewarm_share)
         self.mem.sample()
         # Where the loader workers may run (they inherit this process's affinity), read from
         # inside the trial so a slot's confinement is a measured fact, not an assumption.
@@ -309,9 +312,11 @@ def _relocate(trainer) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def rewarm_for(typical_step_s: float, window_seconds: float, rewarm_steps: int) -> int:
-    """Re-warm steps before each window: ``rewarm_steps`` for short steps, 0 for long ones."""
-    return rewarm_steps if typical_step_s <= REWARM_SHARE * window_seconds else 0
+def rewarm_for(typical_step_s: float, window_seconds: float, rewarm_steps: int,
+               share: float = REWARM_SHARE) -> int:
+    """Re-warm steps before each window: ``rewarm_steps`` while a step is at most ``share``
+    of a window, 0 for longer steps."""
+    return rewarm_steps if typical_step_s <= share * window_seconds else 0
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
@@ -344,7 +349,7 @@ def serve(fd: int) -> int:
             if cmd == "start":
                 request = TrialRequest.from_json(json.dumps(msg["request"]))
                 arm = _Arm(request, msg.get("window_seconds"), int(msg.get("rewarm_steps", 1)),
-                           bool(msg.get("relocate", False)))
+                           bool(msg.get("relocate", False)), float(msg.get("rewarm_share", REWARM_SHARE)))
                 reply = arm.setup()
             elif cmd == "window" and arm is not None:
                 reply = arm.window()

@@ -122,7 +122,8 @@ def session_from_dict(data: Mapping[str, Any]) -> SessionResult:
     """The inverse of ``SessionResult.to_dict``."""
     return SessionResult(arms=[TrialResult.from_dict(a) for a in data["arms"]], mode=data["mode"],
                          rounds=int(data.get("rounds", 0)), order=[list(o) for o in data.get("order", [])],
-                         note=str(data.get("note", "")), wall_s=data.get("wall_s"))
+                         note=str(data.get("note", "")), wall_s=data.get("wall_s"),
+                         start_order=[int(i) for i in data.get("start_order", [])])
 
 
 class _SlotActor:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT, tiny_spec_dict
 from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.session import HOPELESS, InterleavedSessionRunner
+from trainopt.session import HOPELESS, InterleavedSessionRunner, start_order
 from trainopt.spec import apply_overrides, spec_from_dict
 
 pytestmark = pytest.mark.integration
@@ -60,11 +60,13 @@ def test_two_arms_alternate_windows_and_report_their_own_results(tmp_path):
     reqs, logs = _requests(tmp_path, [{"batch_size": 16}, {"batch_size": 32}])
     seen: list[list[int]] = []
     with InterleavedSessionRunner(on_window=lambda i, trees: seen.extend(trees)) as runner:
-        result = runner.run_session(reqs, logs, timeout_s=60, seed=3)
+        # Seed 5 starts the second arm first: each result must still be its own request's.
+        result = runner.run_session(reqs, logs, timeout_s=60, seed=5)
         assert all(s < 1.0 for s in runner.startup_s), runner.startup_s
     assert result.mode == "interleaved", result.note
     assert result.rounds == 4 and len(result.order) == 4
     assert all(sorted(o) == [0, 1] for o in result.order)
+    assert result.start_order == start_order(2, 5) == [1, 0]
     for i, arm in enumerate(result.arms):
         assert arm.status == "ok", arm.error
         assert arm.settings["batch_size"] == (16, 32)[i]

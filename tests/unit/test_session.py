@@ -17,6 +17,7 @@ from trainopt.session import (
     fallback_reason,
     round_orders,
     sequential_order,
+    start_order,
     window_timeout,
 )
 
@@ -47,6 +48,23 @@ def test_round_orders_are_seeded_and_vary_with_the_seed():
     # Two arms: who goes first is not fixed within a block.
     firsts = [o[0] for o in round_orders(2, 40, seed=3)]
     assert firsts.count(0) == firsts.count(1) == 20
+
+
+def test_start_order_is_a_seeded_permutation_that_gives_no_arm_a_fixed_place():
+    assert sorted(start_order(3, 7)) == [0, 1, 2]
+    assert start_order(3, 7) == start_order(3, 7)
+    # Two arms: the incumbent (arm 0) starts first in about half of the sessions.
+    first = [start_order(2, seed)[0] for seed in range(2000)]
+    assert 900 < first.count(0) < 1100
+    # Three arms: every arm takes every start position about equally often.
+    counts = [[0] * 3 for _ in range(3)]
+    for seed in range(3000):
+        for position, arm in enumerate(start_order(3, seed)):
+            counts[arm][position] += 1
+    assert all(850 < c < 1150 for row in counts for c in row), counts
+    # A stream of its own: the start order does not follow the first round's order.
+    same = sum(start_order(2, s) == round_orders(2, 1, s)[0] for s in range(2000))
+    assert 900 < same < 1100
 
 
 def test_sequential_order_is_a_seeded_permutation():
@@ -174,7 +192,7 @@ def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
     from trainopt.arm import REWARM_SHARE, rewarm_for
 
     assert rewarm_for(0.05, 0.5, 1) == 1
-    assert rewarm_for(0.45, 0.5, 1) == 1
+    assert rewarm_for(0.45, 0.5, 1) == 0
     assert rewarm_for(REWARM_SHARE * 0.5, 0.5, 2) == 2
     assert rewarm_for(REWARM_SHARE * 0.5 + 0.01, 0.5, 1) == 0
     assert rewarm_for(1.2, 0.5, 1) == 0
