@@ -200,7 +200,8 @@ class Search:
         cand = [p.candidate for p in pairs]
         inc = [p.incumbent for p in pairs]
         out = {"settings": incumbent, "ci": None, "speedup": None, "n_pairs": 0,
-               "samples_per_s": median_rate(cand), "baseline_samples_per_s": median_rate(inc)}
+               "samples_per_s": median_rate(cand), "baseline_samples_per_s": median_rate(inc),
+               "baseline_arms_samples_per_s": [r.samples_per_s for r in inc if r.ok and r.samples_per_s]}
         failed_cand = next((r for r in cand if not r.ok), None)
         failed_inc = next((r for r in inc if not r.ok), None)
         if failed_cand is not None:

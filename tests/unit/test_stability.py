@@ -314,6 +314,24 @@ def test_a_final_check_outside_the_product_of_the_kept_changes_is_warned_about()
     assert final_disagreement(calm, kept, 400.0) is None  # within 30 %
 
 
+def test_a_baseline_trial_within_the_final_checks_own_scatter_is_not_warned_about():
+    kept = [{"speedup": 1.09, "ci": [0.95, 1.25]}, {"speedup": 1.77, "ci": [1.55, 2.04]}]
+    # A quiet demo run: the final check's six baseline arms scattered over 322-507 samples/s
+    # (one process each), and the baseline trial, one more process, ran at 296.
+    arms = [507.0, 457.0, 478.0, 372.0, 322.0, 462.0]
+    final = {"verdict": "improved", "speedup": 1.79, "ci": [1.46, 2.26], "baseline_samples_per_s": 460.0,
+             "baseline_arms_samples_per_s": arms}
+    assert final_disagreement(final, kept, 296.0) is None
+    # Without the arms the fixed 30 % tolerance applies, and 1.55x is beyond it.
+    assert "baseline trial at 296" in final_disagreement({k: v for k, v in final.items() if k != "baseline_arms_samples_per_s"}, kept, 296.0)
+    # A machine that really changed speed is outside the prediction interval.
+    assert "baseline trial at 1,300" in final_disagreement(final, kept, 1300.0)
+    # Tightly clustered arms never make the check stricter than 30 %.
+    tight = dict(final, baseline_arms_samples_per_s=[460.0, 461.0, 459.0, 460.5, 460.0, 459.5])
+    assert final_disagreement(tight, kept, 380.0) is None
+    assert "baseline trial at 340" in final_disagreement(tight, kept, 340.0)
+
+
 def test_a_kept_change_without_an_interval_counts_at_its_speedup():
     final = {"speedup": 1.2, "ci": [1.1, 1.3], "baseline_samples_per_s": 1000.0}
     assert final_disagreement(final, [{"speedup": 2.0, "ci": None}], 1000.0) is not None
