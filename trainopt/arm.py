@@ -47,8 +47,8 @@ __all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE"]
 # Untimed re-warm steps run only while one step is at most this share of a window. The
 # re-warm reloads what another arm evicted while this one was paused (caches, the
 # allocator's free lists). Measured here (``benchmarks/rewarm.py``): a step taken cold
-# after a pause exceeds a warm one by a few milliseconds (median +1 ms at a 63 ms step,
-# +4 ms at a 360 ms one), about 1 % of a one-step window, while the re-warm step itself
+# after a pause exceeds a warm one by a few milliseconds at most (median +1 ms at a 63 ms
+# step; +4 and -1 ms in two runs at 355 ms), about 1 % of a one-step window, while the re-warm step itself
 # costs a whole step: from a quarter-window step on it adds 25-100 % to every window.
 REWARM_SHARE = 0.25
 

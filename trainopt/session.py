@@ -154,7 +154,7 @@ def start_order(n: int, seed: int) -> list[int]:
 
     Arm 0 is the incumbent, and a fixed start order would hand every candidate the same
     place in the launcher's fork sequence and the same turn in the warm-up (after the
-    incumbent, beside its held memory). 146 real A/A sessions of this machine, pooled, put
+    incumbent, beside its held memory). 146 real A/A sessions on 2-core machines, pooled, put
     the second-started arm 1.6 % ahead of the first (2.1 standard errors): small, but a
     bias of one sign in every pair moves every confirmation the same way. Drawing the order
     per session makes whatever start position does symmetric noise, which the rule's
