@@ -12,7 +12,8 @@ kept changes with the coverage of their reported interval.
 
 Usage:
     python benchmarks/search_verdicts.py [--reps 400] [--rule sequential|old|both] [--max-pairs 14 20]
-        [--sd 0.06 0.10 0.165] [--min-speedup 0.03]  (A/A rows always also at min_speedup 0)
+        [--sd 0.06 0.10 0.165] [--min-speedup 0.03] [--rescreen-floor off 0.9]
+        (A/A rows always also at min_speedup 0)
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
 from trainopt.confirmation import IntervalRule  # noqa: E402
 from trainopt.search import Search  # noqa: E402
 from trainopt.spec import spec_from_dict  # noqa: E402
+from trainopt.stages import RESCREEN_FLOOR  # noqa: E402
 
 
-def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_speedup=0.03, max_pairs=20, old=False):
+def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_speedup=0.03, max_pairs=20, old=False,
+        rescreen_floor: float | None = RESCREEN_FLOOR):
     adopted = false_wins = sessions = 0
     reported, covered = [], 0
     for seed in range(reps):
@@ -42,7 +45,9 @@ def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_s
         spec = spec_from_dict(tiny_spec_dict(search={"num_workers": list(values)}, measure=measure), "t.yaml", tmp)
         runner = FakeRunner({("num_workers", winner): effect}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
         rule = IntervalRule.from_measure(spec.measure) if old else None
-        doc = Search(spec, tmp, runner, MemoryStore(), rule=rule).run()
+        search = Search(spec, tmp, runner, MemoryStore(), rule=rule)
+        search.stage.rescreen_floor = rescreen_floor
+        doc = search.run()
         ds = [d for d in doc["decisions"] if d["knob"] == "num_workers"]
         kept = [d for d in ds if d["kept"]]
         sessions += len(runner.sessions)
@@ -65,21 +70,25 @@ def main() -> None:
     ap.add_argument("--sd", type=float, nargs="+", default=[0.06, 0.10, 0.165], help="pair log-ratio sds")
     ap.add_argument("--min-speedup", type=float, nargs="+", default=[0.03],
                     help="min_speedup of the rows with an effect")
+    ap.add_argument("--rescreen-floor", nargs="+", default=[str(RESCREEN_FLOOR)],
+                    help="screen again the near misses above this ratio when none cleared the gate; 'off': never")
     args = ap.parse_args()
+    floors = [None if f == "off" else float(f) for f in args.rescreen_floor]
     olds = {"sequential": (False,), "old": (True,), "both": (False, True)}[args.rule]
     tmp = Path(tempfile.mkdtemp())
     print(f"knob num_workers with candidates 1 and 2 (2 is the true change); pairs 6; {args.reps} searches per row")
-    print("| rule | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| rule | rescreen floor | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for old in olds:
         for max_pairs in args.max_pairs:
             for sd in args.sd:
                 for effect in (1.0, 1.05, 1.10, 1.25):
                     for ms in (sorted({0.0, *args.min_speedup}) if effect == 1.0 else args.min_speedup):
-                        a, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
-                                            min_speedup=ms, max_pairs=max_pairs, old=old)
-                        print(f"| {'old interval' if old else 'sequential'} | {max_pairs} | {sd} | {ms} | {effect} | "
-                              f"{a:.1%} | {f:.1%} | {s:.1f} | {m} | {c} |", flush=True)
+                        for floor in floors:
+                            a, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
+                                                min_speedup=ms, max_pairs=max_pairs, old=old, rescreen_floor=floor)
+                            print(f"| {'old interval' if old else 'sequential'} | {floor or 'off'} | {max_pairs} | {sd} | "
+                                  f"{ms} | {effect} | {a:.1%} | {f:.1%} | {s:.1f} | {m} | {c} |", flush=True)
 
 
 if __name__ == "__main__":

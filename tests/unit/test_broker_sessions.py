@@ -105,9 +105,10 @@ def test_with_several_slots_the_screen_is_split_into_sessions_that_run_together(
     executor = CountingExecutor(runner)
     executor.slots = 2
     doc = make(tmp_path, runner, {"num_workers": [0, 1, 2, 3]}, executor=executor)[0].run()
-    # One batch of two screen sessions, each with its own incumbent arm.
-    assert [size for role, size in executor.batches if role == "screen"] == [2]
-    screens = [s for s in runner.sessions if s[0].trial_id.startswith("screen/")]
+    # One batch of two screen sessions, each with its own incumbent arm (a near miss may
+    # add a batch of its second screen after it).
+    assert [size for role, size in executor.batches if role == "screen"][0] == 2
+    screens = [s for s in runner.sessions if s[0].trial_id.startswith("screen/num_workers/screen")]
     assert [len(s) for s in screens] == [2, 3]
     assert all(s[0].settings["num_workers"] == 0 for s in screens)
     assert sorted(r.settings["num_workers"] for s in screens for r in s[1:]) == [1, 2, 3]

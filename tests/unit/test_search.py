@@ -396,3 +396,72 @@ def test_the_cold_compile_is_paid_in_a_trial_of_its_own_and_charged_to_compile(t
     again = CompileCache({("compile", "default"): 1.3})
     Search(spec, tmp_path, again, TrialStore(f"sqlite:///{tmp_path / 'c.db'}", spec.name, spec.fingerprint())).run()
     assert again.requests == []
+
+
+class UnluckyFirstScreen(FakeRunner):
+    """The candidate's arm in the first screen session runs ``factor`` times its truth."""
+
+    def __init__(self, *args, factor=1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.factor = factor
+
+    def run(self, request, log_path, timeout_s):
+        result = super().run(request, log_path, timeout_s)
+        if request.trial_id.startswith("screen/amp/screen/") and request.settings["amp"] != "off" and result.samples_per_s:
+            result.samples_per_s *= self.factor
+        return result
+
+
+def _screen_tags(runner):
+    return {r.trial_id.split("/")[2] for r in runner.requests if r.trial_id.startswith("screen/")}
+
+
+def test_a_near_miss_in_the_screen_is_screened_again_and_judged_by_both_sessions(tmp_path):
+    # A real 1.5x win whose first screen arm ran slow (0.945x): below the gate, above the
+    # floor. A second screen session reads 1.5x; the geometric mean clears the gate, and
+    # the change is confirmed and kept.
+    runner = UnluckyFirstScreen({("amp", "bf16"): 1.5}, factor=0.63, noise=0.0)
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    doc = search.run()
+    (amp,) = by_knob(doc, "amp")
+    assert _screen_tags(runner) == {"screen", "rescreen"}
+    first, second = amp["extra"]["screens"]
+    assert first == pytest.approx(0.945) and second == pytest.approx(1.5)
+    assert amp["screen_speedup"] == pytest.approx(math.sqrt(0.945 * 1.5))
+    assert amp["verdict"] == "improved" and amp["kept"]
+
+
+def test_a_second_screen_that_confirms_the_miss_screens_the_candidate_out(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 0.95}, noise=0.0)
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    (amp,) = by_knob(search.run(), "amp")
+    assert _screen_tags(runner) == {"screen", "rescreen"}
+    assert amp["verdict"] == "screened-out" and amp["extra"]["screens"] == pytest.approx([0.95, 0.95])
+    assert "two screen sessions, 0.950x and 0.950x" in amp["reason"]
+
+
+@pytest.mark.parametrize("search, knob, effects", [
+    ({"amp": ["off", "bf16"]}, "amp", {("amp", "bf16"): 0.85}),  # far below the gate
+    # Two cleared the gate: confirmation has no room for the near miss.
+    ({"num_workers": [0, 1, 2, 3]}, "num_workers",
+     {("num_workers", 1): 1.3, ("num_workers", 2): 1.2, ("num_workers", 3): 0.95}),
+])
+def test_no_second_screen_far_below_the_gate_or_once_confirmation_is_full(tmp_path, search, knob, effects):
+    runner = FakeRunner(effects, noise=0.0)
+    search, _ = make_search(tmp_path, runner, search)
+    doc = search.run()
+    assert _screen_tags(runner) == {"screen"}
+    assert all("screens" not in d["extra"] for d in by_knob(doc, knob))
+
+
+def test_a_near_miss_is_screened_again_while_confirmation_has_room():
+    from trainopt.stages import rescreen_candidates
+
+    assert rescreen_candidates([0.95, 0.85, None, 0.97], gate=0.98, floor=0.90, max_confirm=2) == [0, 3]
+    # One cleared the gate, a second confirmation is still free: the near miss gets its second screen.
+    assert rescreen_candidates([0.95, 0.99], gate=0.98, floor=0.90, max_confirm=2) == [0]
+    assert rescreen_candidates([0.95, 0.99, 1.2], gate=0.98, floor=0.90, max_confirm=2) == []
+    assert rescreen_candidates([0.95, 0.99], gate=0.98, floor=0.90, max_confirm=1) == []
+    assert rescreen_candidates([0.80, None], gate=0.98, floor=0.90, max_confirm=2) == []
+    assert rescreen_candidates([0.90, 0.98 - 1e-9], gate=0.98, floor=0.90, max_confirm=2) == [0, 1]
+    assert rescreen_candidates([0.95], gate=0.98, floor=None, max_confirm=2) == []
