@@ -437,6 +437,7 @@ def final_disagreement(
     *,
     baseline_tolerance: float = 0.3,
     prediction_level: float = 0.95,
+    baseline_label: str = "the baseline trial",
 ) -> str | None:
     """A warning when the final check disagrees with earlier measurements of the same settings.
 
@@ -460,10 +461,13 @@ def final_disagreement(
         final: The results document's ``final`` section (``ci``, ``speedup``,
             ``baseline_samples_per_s``, ...).
         kept: The kept decisions (``speedup``, ``ci``), in the order adopted.
-        baseline_samples_per_s: The baseline trial's throughput.
+        baseline_samples_per_s: An earlier throughput of the baseline settings (the search
+            passes its first screen session's incumbent arm, measured like the final check's
+            arms; the baseline trial when there was no screen).
         baseline_tolerance: Relative difference of the two baseline figures always tolerated.
         prediction_level: Level of the prediction interval from the final check's
             baseline arms (used when it has three or more).
+        baseline_label: What measured ``baseline_samples_per_s``, for the message.
 
     Returns:
         The warning text, or None when everything agrees.
@@ -501,7 +505,7 @@ def final_disagreement(
         if abs(off) > tolerance:
             problems.append(
                 f"the final check measured the baseline settings at {_fmt_rate(float(final_base))} samples/s, "
-                f"the baseline trial at {_fmt_rate(float(baseline_samples_per_s))} samples/s ({ratio:.2f}x)"
+                f"{baseline_label} at {_fmt_rate(float(baseline_samples_per_s))} samples/s ({ratio:.2f}x)"
             )
     if not problems:
         return None

@@ -91,6 +91,9 @@ class KnobStage:
         # Both screen ratios of each candidate screened twice, by settings hash.
         self._screened_twice: dict[str, list[float | None]] = {}
         self.rescreen_floor: float | None = RESCREEN_FLOOR
+        # The incumbent arm's throughput in the search's first screen session: the baseline
+        # settings (nothing is adopted before a screen), measured the way session arms are.
+        self.first_screen_rate: float | None = None
 
     def run(self, incumbent: dict[str, Any], knob: str, stage: str, values: list[Any]) -> dict[str, Any]:
         """Try every value of ``knob``; return the new incumbent (the old one unless one was confirmed)."""
@@ -165,6 +168,8 @@ class KnobStage:
             if not ref.ok:
                 raise SearchFailed(f"the incumbent failed while screening {knob} ({ref.status}: {ref.error}); "
                                    f"log: {ref.log_path}")
+            if self.first_screen_rate is None:
+                self.first_screen_rate = ref.samples_per_s
             screens += [(settings, session.arms[i + 1], session.ratio(i + 1, 0)) for i, settings in enumerate(group)]
         return sessions[0].arms[0], screens
 

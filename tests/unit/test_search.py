@@ -465,3 +465,33 @@ def test_a_near_miss_is_screened_again_while_confirmation_has_room():
     assert rescreen_candidates([0.80, None], gate=0.98, floor=0.90, max_confirm=2) == []
     assert rescreen_candidates([0.90, 0.98 - 1e-9], gate=0.98, floor=0.90, max_confirm=2) == [0, 1]
     assert rescreen_candidates([0.95], gate=0.98, floor=None, max_confirm=2) == []
+
+
+class SlowTrials(FakeRunner):
+    """Trials whose key starts with one of ``slow`` run at ``factor`` times their truth."""
+
+    def __init__(self, *args, slow=(), factor=1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slow, self.factor = slow, factor
+
+    def run(self, request, log_path, timeout_s):
+        result = super().run(request, log_path, timeout_s)
+        if request.trial_id.startswith(self.slow) and result.samples_per_s:
+            result.samples_per_s *= self.factor
+        return result
+
+
+def test_the_final_check_is_compared_with_the_first_screen_not_the_one_shot_baseline_trial(tmp_path):
+    # The one-shot baseline trial runs 1.5x slow (a fresh process, unlike the session arms):
+    # no warning, since the first screen's incumbent arm agrees with the final check.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    runner = SlowTrials({("amp", "bf16"): 1.6}, slow=("baseline/",), factor=1 / 1.5, noise=0.0)
+    search, _ = make_search(tmp_path / "a", runner, {"amp": ["off", "bf16"]})
+    doc = search.run()
+    assert doc["final"]["verdict"] == "improved" and doc["warnings"] == []
+    # The first screen's incumbent 1.5x slow against the final check: warned, and named.
+    runner = SlowTrials({("amp", "bf16"): 1.6}, slow=("screen/amp/screen/arm0/",), factor=1 / 1.5, noise=0.0)
+    search, _ = make_search(tmp_path / "b", runner, {"amp": ["off", "bf16"]})
+    doc = search.run()
+    assert any("the first screen session at 667 samples/s (1.50x)" in w for w in doc["warnings"]), doc["warnings"]

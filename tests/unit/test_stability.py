@@ -330,6 +330,8 @@ def test_a_baseline_trial_within_the_final_checks_own_scatter_is_not_warned_abou
     tight = dict(final, baseline_arms_samples_per_s=[460.0, 461.0, 459.0, 460.5, 460.0, 459.5])
     assert final_disagreement(tight, kept, 380.0) is None
     assert "baseline trial at 340" in final_disagreement(tight, kept, 340.0)
+    # The message names what measured the earlier figure.
+    assert "the first screen session at 340" in final_disagreement(tight, kept, 340.0, baseline_label="the first screen session")
 
 
 def test_a_kept_change_without_an_interval_counts_at_its_speedup():
