@@ -446,11 +446,11 @@ def final_disagreement(
     * the final check's interval against the interval the kept changes imply together
       (the product of their lower ends to the product of their upper ends: generous, as
       each change's interval is taken at its extreme at once);
-    * the baseline settings' throughput in the final check against the baseline trial's.
-      The baseline trial is one process, and every process of the same settings carries
-      an offset of its own: the final check's own baseline arms of the demo scattered over
-      322-507 samples/s on a quiet machine, and a fixed 30 % tolerance flagged two quiet
-      demo runs of three. So the trial is compared with the ``prediction_level``
+    * the baseline settings' throughput in the final check against an earlier measurement
+      of them (``baseline_samples_per_s``). That is one process, and every process of the
+      same settings carries an offset of its own: the final check's own baseline arms of
+      the demo scattered over 322-507 samples/s on a quiet machine, and a fixed 30 %
+      tolerance flagged two quiet demo runs of three. So it is compared with the ``prediction_level``
       prediction interval for one more process, from the final check's baseline arms on
       the log scale (``final["baseline_arms_samples_per_s"]``, Student t), and never more
       strictly than ``baseline_tolerance``. A machine whose speed really moved (1,300

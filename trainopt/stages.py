@@ -3,7 +3,8 @@
 Used by every knob, the batch size included (``batch_stage`` makes its candidates from
 real memory probes first). The screen is one session of the incumbent and every
 candidate (with several slots: up to one session per slot, the candidates split between
-them), and a second one for the near misses while confirmation has room; each confirmation is a series of fresh two-arm sessions decided by
+them), and a second one for the near misses while confirmation has room; each
+confirmation is a series of fresh two-arm sessions decided by
 ``sequential.SequentialRule`` through ``confirmation.confirm``; sessions come from the
 ``TrialBroker``.
 """
@@ -30,8 +31,9 @@ MAX_CONFIRM = 2
 SCREEN_GATE = 0.98
 # Candidates that screened between this floor and the gate are screened once more in a fresh
 # session, while fewer than MAX_CONFIRM candidates cleared the gate, and are judged by the
-# geometric mean of their two screens. One screen session carries the per-process offset of every arm in it (the demo's
-# incumbent processes scattered over 300-500 samples/s at batch 32), and a real 1.1-1.2x
+# geometric mean of their two screens. One screen session carries the per-process offset
+# of every arm in it (the demo's incumbent processes scattered over 300-500 samples/s at
+# batch 32), and a real 1.1-1.2x
 # batch change screened at 0.92x in one run. A second, independent session halves the
 # variance of the ratio the gate sees, for the price of one session, and only where the
 # first one was ambiguous. The false-win guarantee is unaffected: whatever the screens
