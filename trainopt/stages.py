@@ -33,8 +33,8 @@ SCREEN_GATE = 0.98
 # session, while fewer than MAX_CONFIRM candidates cleared the gate, and are judged by the
 # geometric mean of their two screens. One screen session carries the per-process offset
 # of every arm in it (the demo's incumbent processes scattered over 300-500 samples/s at
-# batch 32), and a real 1.1-1.2x
-# batch change screened at 0.92x in one run. A second, independent session halves the
+# batch 32), and a real 1.1-1.2x batch change screened at 0.92x in one run. A second,
+# independent session halves the
 # variance of the ratio the gate sees, for the price of one session, and only where the
 # first one was ambiguous. The false-win guarantee is unaffected: whatever the screens
 # select, each confirmation runs on fresh pairs.
