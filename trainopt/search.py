@@ -126,8 +126,8 @@ class Search:
         state = self.state
         kept = [d.to_dict() for d in state.decisions if d.kept]
         # Like with like: the baseline trial is a one-shot fresh process, the final check's
-        # arms are forked from the launcher, and on one machine type the two differed by
-        # 1.2-1.5x in four demo runs of five while the machine was quiet. The first screen
+        # arms are forked from the launcher, and the two differed by 1.2-1.5x in four quiet
+        # demo runs of five, on two machine types. The first screen
         # session's incumbent arm holds the baseline settings (nothing is adopted before a
         # screen) and is measured the way the final check's arms are.
         early = self.stage.first_screen_rate
