@@ -36,7 +36,7 @@ from trainopt import distributed  # noqa: E402
 
 # The plainest DDP loop over the same workload: one process per rank under torchrun.
 PLAIN = r"""
-import json, os, sys, time, torch, torch.distributed as dist
+import gc, json, os, sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from trainopt.spec import load_spec
 from trainopt.workloads import build_workload
@@ -88,6 +88,8 @@ sync(); dist.barrier()
 dt = time.perf_counter() - t0
 if rank == 0:
     print(json.dumps({"samples_per_s": world * steps * bs / dt}))
+del model, opt
+gc.collect()  # DDP before the group: gloo can abort a finished rank at exit otherwise
 dist.destroy_process_group()
 """
 

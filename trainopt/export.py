@@ -250,6 +250,7 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
     if ddp:
         lines += [
             "import contextlib",
+            "import gc",
             "import os",
             "import torch.distributed as dist",
             "from torch.nn.parallel import DistributedDataParallel",
@@ -343,6 +344,15 @@ def _render_torch(s: TrainSettings, header: list[str]) -> str:
         ]
     else:
         lines.append(f"    # {_knob(s, 'sync_every')} -> the loss was never read during training (no loss.item())")
+    if ddp:
+        lines += [
+            "",
+            "# at the end: free DDP's reducer before the process group (left to interpreter exit,",
+            "# gloo can abort a rank that finished, and torchrun then reports the job as failed)",
+            "del model, optimizer",
+            "gc.collect()",
+            "dist.destroy_process_group()",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -461,6 +461,25 @@ class TrainSettings:
                 raise SettingsError([str(exc)], self.source) from None
             dist.init_process_group(backend)
 
+    def finish_distributed(self) -> None:
+        """Leave the torchrun job cleanly: free what DDP holds, then destroy the process group.
+
+        Call it once training is over, after dropping your references to the wrapped model
+        and its optimizer. DDP's reducer sits in reference cycles that plain reference
+        counting never frees; left to interpreter shutdown, a gloo process group can abort a
+        rank that finished its work ("terminate called without an active exception", exit
+        -6), and torchrun then reports the whole job as failed. Collecting those cycles
+        while the group is still alive avoids that. Does nothing when no group exists.
+        """
+        import gc
+
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        gc.collect()
+        dist.destroy_process_group()
+
     def sampler_kwargs(self, seed: int = 0) -> dict[str, Any]:
         """``DistributedSampler`` keyword arguments as measured; give DataLoader the sampler, not ``shuffle``."""
         from trainopt.apply import sampler_kwargs

@@ -145,3 +145,31 @@ def test_grad_accum_under_no_sync_trains_the_same_weights(tmp_path, cli_env):
     assert (w["trial_plain"] - w["initial"]).abs().max() > 1e-3  # training moved the weights
     for name in ("trial_accum", "settings_accum", "trial_accum_synced"):
         torch.testing.assert_close(w[name], w["trial_plain"], rtol=0, atol=1e-6, msg=name)
+
+
+FINISH = """
+import gc, json, sys, weakref
+import torch, torch.distributed as dist
+from trainopt.settings import TrainSettings
+
+s = TrainSettings(device="cpu", distributed={"nproc_per_node": 1, "backend": "gloo"})
+s.finish_distributed()  # no group yet: nothing to do
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+gc.disable()  # only finish_distributed may collect
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+model(torch.ones(3, 4)).sum().backward()
+alive = weakref.ref(model)
+del model
+before = alive() is not None
+s.finish_distributed()
+print(json.dumps({"cycle": before, "after": alive() is not None, "group": dist.is_initialized()}))
+"""
+
+
+def test_finish_distributed_collects_ddp_before_destroying_the_group(tmp_path, cli_env):
+    # A fresh process: the first DDP module a process builds is held in a reference cycle,
+    # which is what lingers to interpreter exit when nothing collects it.
+    proc = subprocess.run([sys.executable, "-c", FINISH, str(tmp_path / "store")],
+                          capture_output=True, text=True, env=cli_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == {"cycle": True, "after": False, "group": False}

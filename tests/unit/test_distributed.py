@@ -282,6 +282,9 @@ def test_exports_say_how_to_launch_and_name_every_ddp_knob(fmt):
         compile(text, "export.py", "exec")
         assert "bucket_cap_mb=50," in text and "DistributedSampler(dataset, shuffle=True, drop_last=True, seed=0)" in text
         assert "model.no_sync()" in text and "dist.init_process_group(" in text
+        # The group is destroyed last, after DDP's reducer is collected.
+        end = text.rstrip().splitlines()[-3:]
+        assert end == ["del model, optimizer", "gc.collect()", "dist.destroy_process_group()"]
     elif fmt == "lightning":
         compile(text, "export.py", "exec")
         assert "strategy=DDPStrategy(" in text and "devices=2," in text and "find_unused_parameters=True," in text
