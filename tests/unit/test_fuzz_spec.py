@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import tiny_spec_dict
 from trainopt import cli
+from trainopt import spec as spec_mod
 
 BASE = tiny_spec_dict(search={"batch_size": {"max": 64}, "amp": ["off", "bf16"], "num_workers": [0, 1]})
 
@@ -36,8 +37,11 @@ WRONG_TYPE = {
 }
 
 SECTIONS = [(), ("model",), ("data",), ("optimizer",), ("measure",), ("limits",), ("search", "batch_size")]
-KNOWN = {"name", "device", "model", "data", "loss", "optimizer", "baseline", "search", "search_order", "measure",
-         "limits", "run_length_steps", "seed", "args", "max", "margin", "max_candidates"}
+# Every field any section has (a key that is valid in one section is skipped everywhere).
+KNOWN = {name for model in (spec_mod.Spec, spec_mod.ModelSection, spec_mod.DataSection, spec_mod.OptimizerSection,
+                            spec_mod.MeasureSection, spec_mod.LimitsSection, spec_mod.DistributedSection,
+                            spec_mod.BatchSearch)
+         for field, info in model.model_fields.items() for name in (field, info.alias) if name}
 identifiers = st.text(string.ascii_lowercase + "_", min_size=1, max_size=12).filter(lambda s: s not in KNOWN)
 
 
