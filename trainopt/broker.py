@@ -97,7 +97,7 @@ class TrialBroker:
         if cached is not None:
             self.state.reused += 1
             self._note(key, meta, cached)
-            self.progress.trial_reused()
+            self.progress.trial_reused(plan.arm_cost(knob, role))
             return cached
         reason = knobs.not_applicable_reason(settings, self.device_type, self.world_size) if self.device_type else None
         handle = self.store.begin(key, meta)
@@ -131,7 +131,7 @@ class TrialBroker:
         # Outside every slot: on this machine, alone, unpinned (the report shows where each trial ran).
         record_local(result)
         self.state.ran += 1
-        self.progress.trial_finished(result)
+        self.progress.trial_finished(result, cost=plan.arm_cost(knob, role))
         return result
 
     def sessions(self, asks: list[SessionAsk], exclusive: bool = False) -> list[SessionResult]:
@@ -199,7 +199,7 @@ class TrialBroker:
                 for key, r in zip(ask.keys(), cached):
                     self.state.reused += 1
                     self._note(key, self._meta(ask, r), r)
-                    self.progress.trial_reused()
+                    self.progress.trial_reused(plan.arm_cost(ask.knob, ask.role))
                 info = cached[0].session or {}
                 results[j] = SessionResult(arms=cached, mode=info.get("mode", "sequential"), rounds=info.get("rounds", 0),
                                            note=info.get("note", ""))
@@ -245,7 +245,7 @@ class TrialBroker:
                 self.store.finish(h, key, meta, arm)
                 self._note(key, meta, arm)
                 self.state.ran += 1
-                self.progress.trial_finished(arm, wall_s=per_arm)
+                self.progress.trial_finished(arm, wall_s=per_arm, cost=plan.arm_cost(ask.knob, ask.role))
         return out
 
     @staticmethod

@@ -86,11 +86,29 @@ TYPICAL_BATCH_PROBES = 8
 
 # For the ETA, before a knob's screen: confirmations per knob (the screen selects at most
 # two, the second is confirmed only when the first is not improved, and a screen often
-# drops every candidate: in three demo searches here 7 of 12 knob stages confirmed one),
-# and the share of knobs whose change is kept (each kept change adds its held-out pairs).
-# After the screen the stage says how many it selected.
-TYPICAL_CONFIRMATIONS = 0.6
+# drops every candidate), and the share of knobs whose change is kept (each kept change
+# adds its held-out pairs). Both from the four demo searches in benchmarks/RESULTS.md
+# (runs B-E): 14 confirmations in the 16 knob stages that ran, 8 of them kept.
+# After the screen the stage says how many it selected; of the three screens there that
+# selected two, all three confirmed both, so the second is counted at three quarters.
+TYPICAL_CONFIRMATIONS = 0.9
 TYPICAL_KEPT_SHARE = 0.5
+SECOND_CONFIRMATION_SHARE = 0.75
+
+# What one arm of a knob's stage costs against a plain arm. A compile arm compiles in
+# every process: in demo runs D and E a compile confirmation session took 8.5-8.6 s,
+# against 4.3-5.8 s for the other confirmations of the same search.
+ARM_COST = {"compile": 1.7}
+# The one-shot cold-compile trial, in plain arms: 49-64 s from a cold compiler cache and
+# 10 s from a warm one, against plain arms of about 2.7 s in those searches.
+COLD_COMPILE_COST = 10.0
+
+
+def arm_cost(knob: str, role: str = "") -> float:
+    """What one trial process of ``knob``'s stage costs, in plain session arms (for the ETA)."""
+    if role == "cold-compile":
+        return COLD_COMPILE_COST
+    return ARM_COST.get(knob, 1.0)
 
 
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
@@ -99,7 +117,9 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
 
     Per knob: the screen session (incumbent and candidates), the typical number of
     confirmations at ``confirm_pairs`` two-arm sessions each, the held-out pairs of a kept
-    change at the typical share; then the final check's pairs.
+    change at the typical share; then the final check's pairs. Each knob's processes are
+    weighted by ``arm_cost`` (a compile arm counts as more than one), and the compile
+    stage adds its cold-compile trial per compiled candidate.
 
     Args:
         knob_names: The knobs not decided yet.
@@ -120,17 +140,21 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         else:
             cands = max(1, len(search[name]) - 1)
         confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
-        remaining += 1 + cands + confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs
+        arms = 1 + cands + confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs
+        remaining += arms * arm_cost(name)
+        if name == "compile":
+            remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
     return remaining + 2 * final_pairs
 
 
-def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int) -> float:
+def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, cost: float = 1.0) -> float:
     """Trial processes a knob still runs after its screen selected ``selected`` candidates.
 
-    The first is confirmed; a second only when the first is not improved (taken as half
-    the time); a kept change adds its held-out pairs (taken as the typical share).
+    The first is confirmed; a second only when the first is not improved (taken as
+    ``SECOND_CONFIRMATION_SHARE`` of the time); a kept change adds its held-out pairs
+    (taken as the typical share). ``cost`` weights them as in ``remaining_trials``.
     """
     if selected <= 0:
         return 0.0
-    confirmations = 1.0 + 0.5 * (selected - 1)
-    return confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs
+    confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
+    return cost * (confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs)

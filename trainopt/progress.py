@@ -32,10 +32,10 @@ class NullProgress:
     """Accepts every event and shows nothing."""
 
     def stage(self, stage: str, detail: str) -> None: ...
-    def set_remaining(self, trials: int) -> None: ...
+    def set_remaining(self, trials: float) -> None: ...
     def trial_started(self, **info: Any) -> None: ...
-    def trial_finished(self, result: Any, wall_s: float | None = None) -> None: ...
-    def trial_reused(self) -> None: ...
+    def trial_finished(self, result: Any, wall_s: float | None = None, cost: float = 1.0) -> None: ...
+    def trial_reused(self, cost: float = 1.0) -> None: ...
     def close(self) -> None: ...
 
 
@@ -50,6 +50,11 @@ class ConsoleProgress(NullProgress):
     compiled model is adopted every later arm costs several times an early one.
     The median, not the mean: one very slow candidate (bf16 on a CPU without bf16 units)
     says nothing about the cost of the arms after it.
+
+    Counts and walls are in plain arms: a trial the plan knows to be dearer (a compile
+    arm, the cold-compile trial) comes with its ``cost``, counts down that many, and
+    enters the median as its wall divided by it, so the price of a plain arm is not
+    raised by the arms that were priced higher already.
     """
 
     RECENT = 16
@@ -64,7 +69,7 @@ class ConsoleProgress(NullProgress):
         self.walls: list[float] = []
         # None until the search has a plan: the baseline trial finishes before the plan
         # knows how many trials follow, and "ETA 0s" there would be a wrong figure.
-        self.remaining: int | None = None
+        self.remaining: float | None = None
         self.done = 0
         self.reused = 0
         self.current = ""
@@ -91,7 +96,7 @@ class ConsoleProgress(NullProgress):
         if not self.quiet and not self.live:
             self.console.print(f"== {stage}: {detail}")
 
-    def set_remaining(self, trials: int) -> None:
+    def set_remaining(self, trials: float) -> None:
         self.remaining = trials
 
     def trial_started(self, **info: Any) -> None:
@@ -99,13 +104,19 @@ class ConsoleProgress(NullProgress):
         if self._status:
             self._status.update(self._line())
 
-    def trial_finished(self, result: Any, wall_s: float | None = None) -> None:
-        """One trial (or one arm of a session, with its share ``wall_s`` of the session's time) finished."""
+    def trial_finished(self, result: Any, wall_s: float | None = None, cost: float = 1.0) -> None:
+        """One trial (or one arm of a session, with its share ``wall_s`` of the session's time) finished.
+
+        Args:
+            result: Its ``TrialResult``.
+            wall_s: Its share of the session's wall time (default: the trial's own).
+            cost: What the plan counts it as, in plain arms.
+        """
         self.done += 1
-        self._count_down()
+        self._count_down(cost)
         wall = wall_s if wall_s is not None else result.wall_s
         if wall:
-            self.walls.append(wall)
+            self.walls.append(wall / cost)
         figure = f"{result.samples_per_s:,.1f} samples/s" if result.samples_per_s else (result.error or "")
         line = f"  {self.current}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
         if not self.quiet:
@@ -113,13 +124,13 @@ class ConsoleProgress(NullProgress):
         if self._status:
             self._status.update(self._line())
 
-    def trial_reused(self) -> None:
+    def trial_reused(self, cost: float = 1.0) -> None:
         self.reused += 1
-        self._count_down()
+        self._count_down(cost)
 
-    def _count_down(self) -> None:
+    def _count_down(self, cost: float) -> None:
         if self.remaining is not None:
-            self.remaining = max(0, self.remaining - 1)
+            self.remaining = max(0, self.remaining - cost)
 
     def close(self) -> None:
         if self._status:

@@ -165,7 +165,8 @@ class Search:
             skip=self._runs_nothing(later),
         )
         if selected is not None:
-            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout)
+            knob = self.state.order[knobs_done]
+            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout, cost=plan.arm_cost(knob))
         self.progress.set_remaining(remaining)
 
     def _selected(self, count: int) -> None:

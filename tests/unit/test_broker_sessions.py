@@ -139,7 +139,7 @@ def test_the_eta_prices_arms_that_ran_side_by_side_at_their_share_of_the_batch(t
         def __init__(self):
             self.walls = []
 
-        def trial_finished(self, result, wall_s=None):
+        def trial_finished(self, result, wall_s=None, cost=1.0):
             self.walls.append(wall_s)
 
     runner = FakeRunner({("amp", "bf16"): 1.0}, arm_sd=0.1, session_sd=0.0, seed=2)

@@ -34,22 +34,26 @@ def test_compile_without_a_confirmed_gain_never_repays():
 def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_check():
     from trainopt.plan import remaining_in_knob
 
-    search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2], "pin_memory": [False, True]}
+    search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2], "pin_memory": [False, True],
+              "compile": ["off", "default", "max-autotune"]}
     kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4)
-    # amp: incumbent + 2 candidates, the typical 0.6 confirmations of 8 pairs, half a holdout of 6 pairs.
-    amp = 3 + 0.6 * 16 + 0.5 * 12
-    # num_workers: incumbent + 1 candidate.
-    workers = 2 + 0.6 * 16 + 0.5 * 12
-    assert remaining_trials(["amp", "num_workers"], search, **kw) == amp + workers + 12
+    # amp: incumbent + 2 candidates, the typical 0.9 confirmations of 8 pairs, half a holdout of 6 pairs.
+    amp = 3 + 0.9 * 16 + 0.5 * 12
+    # num_workers: incumbent + 1 candidate, and at most one confirmation for one candidate.
+    workers = 2 + 0.9 * 16 + 0.5 * 12
+    assert remaining_trials(["amp", "num_workers"], search, **kw) == pytest.approx(amp + workers + 12)
     # A knob that cannot apply on this device runs nothing.
-    assert remaining_trials(["amp", "pin_memory"], search, skip=["pin_memory"], **kw) == amp + 12
+    assert remaining_trials(["amp", "pin_memory"], search, skip=["pin_memory"], **kw) == pytest.approx(amp + 12)
     # batch_size: 8 probes, incumbent + 4 candidates.
-    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == 8 + 5 + 0.6 * 16 + 0.5 * 12 + 12
+    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == pytest.approx(8 + 5 + 0.9 * 16 + 0.5 * 12 + 12)
     assert remaining_trials([], search, **kw) == 12
-    # After a screen: nothing selected leaves nothing; two selected, the second half the time.
+    # compile: its arms at 1.7 plain arms each, and one cold-compile trial (10 arms) per compiled candidate.
+    assert remaining_trials(["compile"], search, **kw) == pytest.approx(1.7 * (3 + 0.9 * 16 + 0.5 * 12) + 2 * 10 + 12)
+    # After a screen: nothing selected leaves nothing; two selected, the second three times in four.
     assert remaining_in_knob(0, confirm_pairs=8, holdout_pairs=6) == 0
     assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6) == 16 + 0.5 * 12
-    assert remaining_in_knob(2, confirm_pairs=8, holdout_pairs=6) == 1.5 * 16 + 0.5 * 12
+    assert remaining_in_knob(2, confirm_pairs=8, holdout_pairs=6) == 1.75 * 16 + 0.5 * 12
+    assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6, cost=1.7) == pytest.approx(1.7 * (16 + 0.5 * 12))
 
 
 def test_typical_confirmation_pairs_lie_between_the_first_look_and_the_budget():
@@ -90,6 +94,27 @@ def test_eta_is_unknown_until_the_search_says_how_many_trials_remain():
     assert "(ETA ?)" in stream.getvalue()
     progress.set_remaining(10)
     assert progress._eta() == 30.0
+
+
+def test_dearer_arms_count_down_by_their_cost_and_do_not_raise_the_plain_price():
+    import io
+    from types import SimpleNamespace
+
+    from trainopt.progress import ConsoleProgress
+
+    progress = ConsoleProgress(quiet=True, stream=io.StringIO())
+    progress.set_remaining(30)
+    for _ in range(4):
+        progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=2.0))
+    # A cold-compile trial priced at 10 arms took 25 s: 2.5 s per plain arm.
+    progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=25.0), cost=10.0)
+    # Compile arms at 1.7 took 3.4 s each: 2 s per plain arm, as before.
+    for _ in range(4):
+        progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=3.4), cost=1.7)
+    progress.trial_reused(cost=1.7)
+    left = 30 - 4 - 10 - 5 * 1.7
+    assert progress.remaining == pytest.approx(left)
+    assert progress._eta() == pytest.approx(left * 2.0)
 
 
 def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
