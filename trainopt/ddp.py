@@ -30,6 +30,7 @@ import torch.distributed as dist
 from trainopt import distributed, knobs
 from trainopt.atomic import write_json_atomic
 from trainopt.launch import rank_status_path
+from trainopt.launcher import die_with_parent
 from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.worker import _cap_memory, _last_line, fill_result, is_out_of_memory
 
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one rank of the request named on the command line (torchrun sets RANK and WORLD_SIZE)."""
     argv = sys.argv[1:] if argv is None else argv
     start = time.perf_counter()
+    # A rank ends with its torchrun agent, which ends with the orchestrator.
+    die_with_parent()
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 
-__all__ = ["main", "PRELOAD"]
+__all__ = ["main", "PRELOAD", "die_with_parent", "PARENT_ENV", "expected_parent"]
 
 # Imported before the first fork: everything a trial process needs that is slow to import.
 PRELOAD = ("torch", "torch._dynamo", "trainopt.measure", "trainopt.workloads", "trainopt.worker",
@@ -37,18 +37,37 @@ PRELOAD = ("torch", "torch._dynamo", "trainopt.measure", "trainopt.workloads", "
 
 _PR_SET_PDEATHSIG = 1
 
+# Set by the orchestrator for its one-shot trial processes: the pid they must have as parent.
+PARENT_ENV = "TRAINOPT_PARENT_PID"
 
-def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+
+def expected_parent() -> int | None:
+    """The parent pid the orchestrator named in ``PARENT_ENV`` (None when run by hand)."""
+    value = os.environ.get(PARENT_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent ends (Linux; no-op elsewhere).
 
-    The launcher is told (SIGTERM) when the orchestrator ends, and each arm is killed when
-    the launcher ends, so even a ``kill -9`` of the orchestrator leaves no trial process behind.
+    The launcher is told (SIGTERM) when the orchestrator ends, each arm is killed when the
+    launcher ends, and a one-shot trial process (``trainopt.worker``, the torchrun wrapper)
+    when the orchestrator ends, so even a ``kill -9`` of the orchestrator leaves no trial
+    process behind to load the machine while the search resumes.
+
+    Args:
+        sig: The signal to receive.
+        parent: The pid the parent should have. A parent that died before the request
+            left this process to another parent already, and no signal would come: it
+            exits at once instead.
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(70)
 
 
 def _kill_arms(arms: set[int]) -> None:
@@ -74,14 +93,14 @@ def _child(control_fd: int, log_fd: int, server: socket.socket) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         os.setsid()
-        _die_with_parent()
+        die_with_parent()
         arm_pid = os.getpid()
         # Loader workers (every process this arm forks) die with the arm too: a paused arm's
         # workers are stopped, and if the arm is killed (its launcher killed at once with its
         # orchestrator, as a node's process manager does) nothing would ever resume or end
         # them; the kernel's orphaned-group rule does not apply, since the arm leads its own
         # session. The check after prctl covers an arm that died before it.
-        os.register_at_fork(after_in_child=lambda: (_die_with_parent(), os.getppid() != arm_pid and os._exit(70)))
+        os.register_at_fork(after_in_child=lambda: (die_with_parent(), os.getppid() != arm_pid and os._exit(70)))
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
@@ -208,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
     parent = int(os.environ.get("TRAINOPT_LAUNCHER_PARENT") or os.getppid())
-    _die_with_parent(signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     _watch_parent(parent)
     import importlib
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from trainopt.launch import DistributedLaunch
+from trainopt.launcher import PARENT_ENV
 from trainopt.protocol import SchemaVersionError, TrialRequest, TrialResult
 
 __all__ = ["Runner", "SubprocessRunner", "ChildExit", "run_child", "child_env", "classify_exit"]
@@ -66,6 +67,8 @@ def child_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The child ends with this process, even on a kill -9 (launcher.die_with_parent).
+    env[PARENT_ENV] = str(os.getpid())
     return env
 
 

@@ -3,7 +3,9 @@
 It parses the same options with torchrun's own parser and runs torchrun's own ``run``, so a
 trial is launched exactly as ``torchrun ...`` launches a training script. The one addition:
 when ranks fail, their exit codes (negative for a signal) are written as JSON to the file
-named by ``TRAINOPT_LAUNCH_STATUS``, because torchrun reports them only as text.
+named by ``TRAINOPT_LAUNCH_STATUS``, because torchrun reports them only as text. And like
+every trial process it ends with the orchestrator, whose ``kill -9`` would otherwise leave
+the launch and its ranks running.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+from trainopt.launcher import PARENT_ENV, die_with_parent, expected_parent
 
 __all__ = ["main"]
 
@@ -20,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # The ranks' own parent is this process: they are not told, so a rank must not
+    # take the orchestrator's pid as its parent's.
+    die_with_parent(parent=expected_parent())
+    os.environ.pop(PARENT_ENV, None)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args)

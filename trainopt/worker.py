@@ -17,11 +17,14 @@ from pathlib import Path
 
 from trainopt import knobs, slots, stats
 from trainopt.atomic import write_json_atomic
+from trainopt.launcher import die_with_parent, expected_parent
 from trainopt.protocol import TrialRequest, TrialResult
 
 __all__ = ["execute", "fill_result", "main", "is_out_of_memory"]
 
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+# "std::bad_alloc": a C++ allocation inside torch (collating a large batch under an
+# address-space cap, for one) fails with the bare exception name as its message.
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory", "std::bad_alloc")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the request named on the command line; always try to write a result."""
     argv = sys.argv[1:] if argv is None else argv
     start = time.perf_counter()
+    die_with_parent(parent=expected_parent())
     request = TrialRequest.from_json(Path(argv[0]).read_text())
     result = execute(request)
     result.wall_s = time.perf_counter() - start

@@ -141,6 +141,45 @@ def test_kill_9_mid_search_then_resume_loses_and_duplicates_nothing(tmp_path, cl
     assert stale >= 1, "the trial in flight at kill -9 was not recognised as stale"
 
 
+def test_kill_9_during_a_one_shot_trial_leaves_no_trial_process(tmp_path, cli_env):
+    import psutil
+
+    def trial_processes(out: Path) -> list[int]:
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "trainopt.worker" in cmd and str(out) in cmd:
+                found.append(p.info["pid"])
+        return found
+
+    # The baseline trial is a one-shot process of its own (not a forked session arm); a
+    # long warm-up keeps it running well past the kill.
+    spec = spec_file(tmp_path)
+    doc = yaml.safe_load(spec.read_text())
+    doc["measure"].update(warmup_seconds=60, trial_timeout_s=300)
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(search_cmd(spec, out, "--quiet"), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 120
+        while not trial_processes(out):
+            assert proc.poll() is None and time.monotonic() < end, "the baseline trial never started"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        end = time.monotonic() + 10
+        while trial_processes(out) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert trial_processes(out) == [], "a trial process outlived its killed orchestrator"
+    finally:
+        for pid in trial_processes(out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_ctrl_c_stops_cleanly_with_130_and_resumes(tmp_path, cli_env):
     spec = spec_file(tmp_path, **INPUT_BOUND)
     out = tmp_path / "out"

@@ -31,8 +31,9 @@ GIB = 1024**3
         RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"),
         RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"),
         MemoryError(),
+        RuntimeError("std::bad_alloc"),  # torch.stack in the DataLoader's collate, under an address-space cap
     ],
-    ids=["OutOfMemoryError", "cuda-message", "cpu-allocator", "MemoryError"],
+    ids=["OutOfMemoryError", "cuda-message", "cpu-allocator", "MemoryError", "cpp-bad-alloc"],
 )
 def test_out_of_memory_errors_are_oom(exc):
     assert worker.is_out_of_memory(exc)
