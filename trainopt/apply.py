@@ -15,8 +15,10 @@ The measured state of each knob (what a pasted export must reproduce exactly):
 * ``threads``: ``torch.set_num_threads(n)``; null leaves PyTorch's own count.
 * ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark`` set to the value.
 * ``tf32``: ``torch.backends.cuda.matmul.allow_tf32`` *and* ``torch.backends.cudnn.allow_tf32``
-  set to the value. PyTorch's defaults differ between the two (matmul off, cuDNN on), so
-  both are always set: ``tf32: false`` means no TF32 anywhere, as measured.
+  set to the value: ``tf32: false`` means no TF32 anywhere, ``true`` TF32 everywhere. Null
+  (the default) leaves both at PyTorch's defaults, which differ (matmul off, cuDNN on): a
+  plain training script runs that way, so a baseline that does not name ``tf32`` is
+  measured as the user's script runs, not with cuDNN's TF32 switched off.
 * ``pin_memory``: pinned batches and ``non_blocking`` copies, on CUDA only (on a CPU the
   knob is not applicable and is applied as off).
 * ``channels_last``: the model and every 4-D input in channels-last memory format.
@@ -101,13 +103,13 @@ def backend_flags(settings: Mapping[str, Any]) -> dict[str, bool]:
     """The torch.backends attributes a trial sets, by dotted name, with their values.
 
     Set on every device: they change nothing on a CPU, and a process that later moves to
-    CUDA then runs as measured.
+    CUDA then runs as measured. ``tf32: null`` sets neither TF32 flag.
     """
-    return {
-        "torch.backends.cudnn.benchmark": bool(settings["cudnn_benchmark"]),
-        "torch.backends.cuda.matmul.allow_tf32": bool(settings["tf32"]),
-        "torch.backends.cudnn.allow_tf32": bool(settings["tf32"]),
-    }
+    flags = {"torch.backends.cudnn.benchmark": bool(settings["cudnn_benchmark"])}
+    if settings["tf32"] is not None:
+        flags["torch.backends.cuda.matmul.allow_tf32"] = bool(settings["tf32"])
+        flags["torch.backends.cudnn.allow_tf32"] = bool(settings["tf32"])
+    return flags
 
 
 def pins_memory(settings: Mapping[str, Any], device_type: str) -> bool:

@@ -211,6 +211,8 @@ def _backend_lines(s: TrainSettings) -> list[str]:
     else:
         lines = [f"# {_knob(s, 'threads')} -> PyTorch's default thread count"]
     lines += [f"{flag} = {value}  # {_knob(s, _FLAG_KNOB[flag])}" for flag, value in apply.backend_flags(s.settings).items()]
+    if s.settings["tf32"] is None:
+        lines.append(f"# {_knob(s, 'tf32')} -> PyTorch's TF32 defaults (cuDNN convolutions on, matmuls off)")
     return lines
 
 

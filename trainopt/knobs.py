@@ -76,7 +76,8 @@ KNOBS: dict[str, Knob] = {
         Knob("batch_size", "int", 32, "batch", "samples per optimizer micro-step", minimum=1),
         Knob("grad_accum", "int", 1, "batch", "micro-batches accumulated per optimizer step", minimum=1),
         Knob("amp", "choice", "off", "precision", "autocast dtype; fp16 adds a GradScaler", choices=("off", "bf16", "fp16")),
-        Knob("tf32", "bool", False, "backend", "TF32 matmuls and convolutions (CUDA Ampere+)"),
+        Knob("tf32", "bool", None, "backend", "TF32 matmuls and convolutions (CUDA Ampere+); null: PyTorch's defaults "
+             "(TF32 convolutions, full-precision matmuls)", nullable=True),
         Knob("channels_last", "bool", False, "layout", "channels-last memory format for 4-D inputs"),
         Knob("num_workers", "int", 0, "input", "DataLoader worker processes", minimum=0),
         Knob("pin_memory", "bool", False, "input", "pinned host memory and non_blocking copies (accelerators)"),

@@ -52,8 +52,8 @@ def test_example_trains_with_best_yaml(tmp_path):
     assert report["batch_size"] == 8
     assert report["autocast_dtype"] == "torch.bfloat16"
     assert report["channels_last_weights"] is True
-    # tf32 and cudnn_benchmark left at false: no TF32 anywhere, cuDNN's default included.
-    assert report["backend_flags"] == {"cudnn.benchmark": False, "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+    # cudnn_benchmark left at false; tf32 left at null: PyTorch's defaults (matmul off, cuDNN on).
+    assert report["backend_flags"] == {"cudnn.benchmark": False, "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": True}
     assert report["steps"] == 4
     assert report["micro_batches"] == 8
     assert math.isfinite(report["final_loss"])

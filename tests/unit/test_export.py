@@ -175,6 +175,14 @@ def test_tf32_is_code_for_both_flags(tmp_path, fmt, tf32):
         assert any(line.startswith(f"{flag} = {tf32}") for line in code), (flag, code)
 
 
+@pytest.mark.parametrize("fmt", ["torch", "lightning", "hf"])
+def test_tf32_null_sets_neither_flag_and_says_so(tmp_path, fmt):
+    text = render_export(_best(tmp_path, device="cuda"), fmt)
+    assert not any("allow_tf32" in line for line in _code_lines(text))
+    if fmt != "hf":
+        assert "tf32: null -> PyTorch's TF32 defaults" in text
+
+
 def test_every_non_default_value_is_code(tmp_path):
     """A value that differs from PyTorch's own default must appear in the code lines, not only in comments."""
     device, settings = COMBOS["everything"]
@@ -245,17 +253,18 @@ def test_torch_export_executes_as_measured(tmp_path, restore_torch_flags, settin
 
     from trainopt.apply import backend_flags
 
-    # The opposite of what the export should set, so a flag left alone is caught.
-    torch.backends.cudnn.allow_tf32 = not settings.get("tf32", False)
-    torch.backends.cuda.matmul.allow_tf32 = not settings.get("tf32", False)
-    torch.backends.cudnn.benchmark = not settings.get("cudnn_benchmark", False)
+    # The opposite of what the export should set, so a flag left alone is caught; with
+    # tf32: null, the opposite of PyTorch's defaults, which the export must leave alone.
     full = {**default_settings(), **settings}
+    tf32 = (True, False) if full["tf32"] is None else (full["tf32"], full["tf32"])
+    torch.backends.cuda.matmul.allow_tf32 = tf32[0] if full["tf32"] is None else not tf32[0]
+    torch.backends.cudnn.allow_tf32 = tf32[1] if full["tf32"] is None else not tf32[1]
+    torch.backends.cudnn.benchmark = not settings.get("cudnn_benchmark", False)
     text = render_export(_best(tmp_path, device="cpu", **settings), "torch")
     scope, model, before, steps, printed = _exec_torch_export(text)
 
     assert torch.backends.cudnn.benchmark is backend_flags(full)["torch.backends.cudnn.benchmark"]
-    assert torch.backends.cuda.matmul.allow_tf32 is full["tf32"]
-    assert torch.backends.cudnn.allow_tf32 is full["tf32"]
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == tf32
     if full["threads"] is not None:
         assert torch.get_num_threads() == full["threads"]
     micro = 16 // full["batch_size"]

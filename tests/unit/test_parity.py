@@ -53,11 +53,18 @@ def _flags():
             torch.backends.cudnn.allow_tf32)
 
 
+# Not PyTorch's TF32 defaults (matmul off, cuDNN on): what tf32: null must leave alone.
+UNTOUCHED_TF32 = (True, False)
+
+
 def _scramble_flags(settings):
     # The opposite of what the settings ask for, so a flag that is not applied shows.
     torch.backends.cudnn.benchmark = not settings["cudnn_benchmark"]
-    torch.backends.cuda.matmul.allow_tf32 = not settings["tf32"]
-    torch.backends.cudnn.allow_tf32 = not settings["tf32"]
+    if settings["tf32"] is None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = UNTOUCHED_TF32
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = not settings["tf32"]
+        torch.backends.cudnn.allow_tf32 = not settings["tf32"]
 
 
 class _Observed:
@@ -165,7 +172,8 @@ def test_trial_loop_and_settings_api_train_alike(case):
     trial = _through_trainer(settings)
     prod = _through_settings(settings)
 
-    expected_flags = (settings["threads"], settings["cudnn_benchmark"], settings["tf32"], settings["tf32"])
+    tf32 = UNTOUCHED_TF32 if settings["tf32"] is None else (settings["tf32"], settings["tf32"])
+    expected_flags = (settings["threads"], settings["cudnn_benchmark"], *tf32)
     assert trial["flags"] == prod["flags"] == expected_flags
     dtype = {"off": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[settings["amp"]]
     assert trial["dtypes"] == prod["dtypes"] == {dtype}

@@ -251,7 +251,7 @@ def test_wrong_kind(tmp_path):
         ("settings: [1, 2]\n", "settings: expected a mapping of knob: value, got list"),
         ("settings: {}\nprovenance: 3\n", "provenance: expected a mapping"),
         ("settings: {}\nprovenance: {env: 3}\n", "provenance.env: expected a mapping"),
-        ("settings: {prefetch_factor: null, tf32: null}\n", "settings.tf32: null is not allowed"),
+        ("settings: {prefetch_factor: null, amp: null}\n", "settings.amp: null is not allowed"),
     ],
 )
 def test_structural_errors(tmp_path, text, match):
@@ -336,12 +336,16 @@ def test_apply_backend_flags():
     assert torch.backends.cudnn.benchmark is True
     assert torch.backends.cuda.matmul.allow_tf32 is True
     assert torch.backends.cudnn.allow_tf32 is True
-    TrainSettings(device="cpu").apply_backend_flags()
+    TrainSettings(device="cpu", settings={"tf32": False}).apply_backend_flags()
     assert torch.get_num_threads() == 1  # threads: null leaves the count alone
     assert torch.backends.cudnn.benchmark is False
     assert torch.backends.cuda.matmul.allow_tf32 is False
     # tf32: false means no TF32 anywhere, though PyTorch's cuDNN default is TF32 on.
     assert torch.backends.cudnn.allow_tf32 is False
+    # tf32: null (the default) leaves both flags as they are, as a plain script does.
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+    TrainSettings(device="cpu").apply_backend_flags()
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, True)
 
 
 def test_dataloader_kwargs_without_workers():
