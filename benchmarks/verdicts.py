@@ -23,7 +23,7 @@ Sections:
 
 Usage:
     python benchmarks/verdicts.py [--reps 2000] [--sections confirm,budgets,real,screen,search]
-        [--real-data FILE ...]
+        [--real-data FILE ...] [--real-budgets 6-40 6-20 6-14]
 """
 
 from __future__ import annotations
@@ -234,14 +234,14 @@ def section_real(args, rng):
               f"sd {real.std(ddof=1):.3f}, mean {real.mean():+.3f})\n")
         print(HEADER)
         for m in (0.0, 0.03):
-            for budget in ((6, 20), (6, 14)):
+            for budget in args.real_budgets:
                 res, _ = cell(rng, args.reps, real, 0.0, budget, 0.95, m, "hodges-lehmann")
                 print_cell_rows(f"real pairs, pairs {budget[0]}-{budget[1]}, min_speedup {m}", res)
         print("\nThe same pairs consumed in order by the new rule (fresh pairs for every confirmation; "
               "planted effects multiply the candidate side):\n")
         print("| min_speedup | budget | A/A improved | +5 % | +10 % | +25 % | mean pairs (A/A) |\n|---|---|---|---|---|---|---|")
         for m in (0.0, 0.03):
-            for budget in ((6, 20), (6, 14)):
+            for budget in args.real_budgets:
                 cells = [in_order(real, e, budget, m) for e in EFFECTS]
                 print(f"| {m} | {budget[0]}-{budget[1]} | " + " | ".join(f"{i} of {k}" for i, k, _ in cells)
                       + f" | {cells[0][2]:.1f} |", flush=True)
@@ -352,7 +352,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real-data", nargs="+", default=[str(DATA), str(SESSIONS_DATA)],
                     help="measured A/A pairs for the real section")
+    ap.add_argument("--real-budgets", nargs="+", default=["6-40", "6-20", "6-14"],
+                    help="pair budgets (pairs-max_pairs) of the real section")
     args = ap.parse_args()
+    args.real_budgets = [tuple(int(x) for x in b.split("-")) for b in args.real_budgets]
     rng = np.random.default_rng(args.seed)
     start = time.time()
     for name in args.sections.split(","):
