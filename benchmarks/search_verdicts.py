@@ -12,8 +12,11 @@ kept changes with the coverage of their reported interval.
 
 Usage:
     python benchmarks/search_verdicts.py [--reps 400] [--rule sequential|old|both] [--max-pairs 14 20]
-        [--sd 0.06 0.10 0.165] [--min-speedup 0.03] [--rescreen-floor off 0.9]
+        [--sd 0.06 0.10 0.165] [--min-speedup 0.03] [--rescreen-floor off 0.9] [--projection 0.99 off]
         (A/A rows always also at min_speedup 0)
+
+``--projection`` sets the sequential rule's ``projection_confidence`` (the futility stop by
+projection; ``off`` disables it) for every confirmation the search builds.
 """
 
 from __future__ import annotations
@@ -32,8 +35,18 @@ from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
 from trainopt.confirmation import IntervalRule  # noqa: E402
 from trainopt.search import Search  # noqa: E402
+from trainopt.sequential import SequentialRule  # noqa: E402
 from trainopt.spec import spec_from_dict  # noqa: E402
 from trainopt.stages import RESCREEN_FLOOR  # noqa: E402
+
+
+_FROM_MEASURE = SequentialRule.from_measure.__func__
+
+
+def use_projection(confidence: float | None) -> None:
+    """Make every rule the search builds use this ``projection_confidence``."""
+    SequentialRule.from_measure = classmethod(
+        lambda cls, measure, **kw: _FROM_MEASURE(cls, measure, projection_confidence=confidence, **kw))
 
 
 def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_speedup=0.03, max_pairs=20, old=False,
@@ -72,14 +85,17 @@ def main() -> None:
                     help="min_speedup of the rows with an effect")
     ap.add_argument("--rescreen-floor", nargs="+", default=[str(RESCREEN_FLOOR)],
                     help="screen again the near misses above this ratio when none cleared the gate; 'off': never")
+    ap.add_argument("--projection", nargs="+", default=["0.99"],
+                    help="the rule's projection_confidence; 'off': no futility stop by projection")
     args = ap.parse_args()
     floors = [None if f == "off" else float(f) for f in args.rescreen_floor]
     olds = {"sequential": (False,), "old": (True,), "both": (False, True)}[args.rule]
     tmp = Path(tempfile.mkdtemp())
     print(f"knob num_workers with candidates 1 and 2 (2 is the true change); pairs 6; {args.reps} searches per row")
-    print("| rule | rescreen floor | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for old in olds:
+    print("| rule | projection | rescreen floor | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for old, projection in [(o, p) for o in olds for p in args.projection]:
+        use_projection(None if projection == "off" else float(projection))
         for max_pairs in args.max_pairs:
             for sd in args.sd:
                 for effect in (1.0, 1.05, 1.10, 1.25):
@@ -87,7 +103,7 @@ def main() -> None:
                         for floor in floors:
                             a, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
                                                 min_speedup=ms, max_pairs=max_pairs, old=old, rescreen_floor=floor)
-                            print(f"| {'old interval' if old else 'sequential'} | {floor or 'off'} | {max_pairs} | {sd} | "
+                            print(f"| {'old interval' if old else 'sequential'} | {projection} | {floor or 'off'} | {max_pairs} | {sd} | "
                                   f"{ms} | {effect} | {a:.1%} | {f:.1%} | {s:.1f} | {m} | {c} |", flush=True)
 
 

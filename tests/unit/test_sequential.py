@@ -219,3 +219,37 @@ def test_with_t_intervals_a_win_the_rank_interval_does_not_back_is_not_claimed()
     assert rule.interval_at(x, look.alpha, "t").low > 1.0
     assert rule.interval_at(x, look.alpha, "hodges-lehmann").low <= 1.0
     assert rule.decide(x).verdict != "improved"
+
+
+def exact(n: int, mean: float, sd: float, seed: int = 0) -> np.ndarray:
+    """n log-ratios with exactly this mean and sample sd."""
+    z = np.random.default_rng(seed).normal(size=n)
+    return mean + sd * (z - z.mean()) / z.std(ddof=1)
+
+
+def test_a_change_of_a_few_percent_stops_once_no_optimistic_future_could_clear_the_margin():
+    # 21 pairs at +3.5 % with sd 0.09 and 40 allowed: the 50 % futility bound is still above
+    # 1.03, but even if the 19 pairs to come all ran at the 99 % upper bound of the mean,
+    # the last look's lower bound would stay below 1.03.
+    x = exact(21, math.log(1.035), 0.09)
+    plain = SequentialRule(6, 40, family=2, projection_confidence=None)
+    assert plain.decide(x).action == "continue"
+    d = SequentialRule(6, 40, family=2).decide(x)
+    assert d.done and d.verdict == "inconclusive" and "last look's lower bound" in d.reason
+    # The same pairs at +7 % have a future: not decided yet, and the rule goes on.
+    assert SequentialRule(6, 40, family=2).decide(exact(21, math.log(1.07), 0.09)).action == "continue"
+    # With no pairs left to come there is nothing to project (the budget decides).
+    assert SequentialRule(6, 21, family=2)._projected_low(x) is None
+
+
+def test_stopping_by_projection_saves_pairs_and_keeps_the_power_for_ten_percent():
+    rng = np.random.default_rng(21)
+    with_it = SequentialRule(6, 40, family=2)
+    without = SequentialRule(6, 40, family=2, projection_confidence=None)
+    marginal = [rng.normal(math.log(1.035), 0.09, 40) for _ in range(300)]
+    assert np.mean([confirm(with_it, x).n for x in marginal]) < 0.8 * np.mean([confirm(without, x).n for x in marginal])
+    real = [rng.normal(math.log(1.10), 0.09, 40) for _ in range(300)]
+    # Paired on the same data: stopping early for futility can lose a win, never make one.
+    lost = sum(rate([confirm(without, x)]) - rate([confirm(with_it, x)]) for x in real)
+    assert 0 <= lost <= 0.01 * len(real)
+    assert all(not (confirm(with_it, x).verdict == "improved" and confirm(without, x).verdict != "improved") for x in real)
