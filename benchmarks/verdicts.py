@@ -14,6 +14,8 @@ Sections:
             reported interval and the mean reported speedup among kept changes, over noise
             sd 0.05/0.18/0.5, normal/t3/contaminated tails, min_speedup 0/0.03;
   budgets   the spec's pair-budget edges and both interval methods;
+  futility  the rule with and without its futility stop by projection: improved rate and
+            mean pairs at 1.00-1.25, normal and t3 noise, budgets 14 and 40;
   real      resampled real A/A pairs, sign-symmetrised, and the same pairs consumed in order
             (``--real-data``: benchmarks/data/aa-pairs.json, sequential fresh processes, and
             benchmarks/data/aa-sessions.json, interleaved sessions as the search runs them);
@@ -22,7 +24,7 @@ Sections:
   search    today's ``Search`` driven through ``tests.fakes.FakeRunner`` for a reference.
 
 Usage:
-    python benchmarks/verdicts.py [--reps 2000] [--sections confirm,budgets,real,screen,search]
+    python benchmarks/verdicts.py [--reps 2000] [--sections confirm,budgets,futility,real,screen,search]
         [--real-data FILE ...] [--real-budgets 6-40 6-20 6-14]
 """
 
@@ -186,6 +188,35 @@ def section_confirm(args, rng):
                 print_cell_rows(f"{tail} sd {sd}, min_speedup {m}", res)
 
 
+def _run_rule(rule: SequentialRule, effect: float, sd: float, reps: int, tail: str, seed: int = 0) -> tuple[float, float]:
+    """Improved rate and mean pairs of ``rule`` over ``reps`` confirmations, looking as the search looks."""
+    rng = np.random.default_rng(seed)
+    improved, pairs = 0, []
+    for _ in range(reps):
+        noise = rng.standard_t(3, rule.max_pairs) * sd / math.sqrt(3) if tail == "t3" else rng.normal(0, sd, rule.max_pairs)
+        x = math.log(effect) + noise
+        n = rule.next_look(0)
+        while not (d := rule.decide(x[:n])).done:
+            n = rule.next_look(n)
+        improved += d.verdict == "improved"
+        pairs.append(n)
+    return improved / reps, float(np.mean(pairs))
+
+
+def section_futility(args, rng):
+    print("\n### Futility by projection: the shipped rule with and without it (family 2, min_speedup 0.03)\n")
+    print("| noise | budget | futility | " + " | ".join(f"{e}" for e in (1.0, 1.035, 1.05, 1.10, 1.25)) + " |")
+    print("|---|---|---|---|---|---|---|---|")
+    for sd, tail, budgets in ((0.09, "normal", (40, 14)), (0.09, "t3", (40,)), (0.165, "normal", (40,))):
+        for top in budgets:
+            for pc in (None, 0.99):
+                rule = SequentialRule(6, top, 0.95, 0.03, family=2, projection_confidence=pc)
+                cells = [_run_rule(rule, e, sd, args.reps, tail) for e in (1.0, 1.035, 1.05, 1.10, 1.25)]
+                label = "+ projection at 99 %" if pc else "50 % bound only"
+                print(f"| {tail} sd {sd} | 6–{top} | {label} | " + " | ".join(f"{p:.3f} / {n:.1f}" for p, n in cells) + " |",
+                      flush=True)
+
+
 def section_budgets(args, rng):
     print("\n### Pair budgets at the spec's edges and both interval methods (sd 0.18, min_speedup 0)\n")
     print(HEADER)
@@ -342,7 +373,7 @@ def section_search(args, rng):
                   f"{ratio_or_dash(float(np.mean(reported)) if reported else None)} |", flush=True)
 
 
-SECTIONS = {"confirm": section_confirm, "budgets": section_budgets, "real": section_real, "screen": section_screen, "search": section_search}
+SECTIONS = {"confirm": section_confirm, "budgets": section_budgets, "futility": section_futility, "real": section_real, "screen": section_screen, "search": section_search}
 
 
 def main() -> None:
