@@ -156,7 +156,11 @@ def _summary(doc: dict[str, Any]) -> str:
     if best.get("source") == "first-kept-change" and kept_first and kept_first.get("before_samples_per_s"):
         # Both figures from the sessions that measured that change, side by side.
         b = kept_first["before_samples_per_s"]
-    if b and a:
+    if b and best.get("source") == "baseline":
+        # The baseline stays: one figure, the baseline's own (the one-shot baseline trial and
+        # the final check's baseline arms are two measurements of the same settings).
+        lines.append(f"throughput: {b:,.1f} samples/s (the baseline stays); speedup 1.000x")
+    elif b and a:
         ci = doc.get("speedup_ci")
         pairs = best.get("n_pairs", final.get("n_pairs"))
         ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({pairs} pairs)" if ci else ""

@@ -9,8 +9,13 @@ baseline until the final check. Hence, in order:
 
 1. ``final-check``: the final check said ``improved``: the final settings.
 2. ``first-kept-change``: otherwise the baseline plus the first kept change, unless
-   those are exactly the settings the final check just failed to confirm (the newer
-   evidence wins). For a search still running this is the best confirmed so far.
+   those are exactly the settings the final check measured and it found no evidence that
+   they beat the baseline at all (``regressed``, ``equivalent``, a failure, or an
+   interval reaching down to 1). When the final check measured exactly those settings
+   and its interval lies above 1 but not wholly above the margin (``inconclusive`` at 6
+   pairs, after a confirmation that said ``improved``), it repeats that comparison with
+   fewer pairs and agrees with it in direction: the confirmed change stands, and the
+   reason says so. For a search still running this is the best confirmed so far.
 3. ``baseline``: otherwise the baseline.
 
 Pure: plain data in, plain data out.
@@ -93,6 +98,15 @@ def recommend(
         first = kept[0]
         candidate = settings_after(baseline, first)
         tested_by_final = bool(final) and plan.settings_hash(candidate) == plan.settings_hash(final.get("settings") or {})
+        ci = final.get("ci") if final else None
+        agrees = tested_by_final and verdict == "inconclusive" and bool(ci) and ci[0] > 1.0
+        if agrees:
+            return Recommendation(
+                candidate, "first-kept-change",
+                f"these settings were confirmed against the baseline ({_change(first)}); the final check measured the "
+                f"same comparison again and found them faster, though not surely by the margin ({final.get('reason')})",
+                first.after_samples_per_s, first.speedup, first.ci, first.n_pairs,
+            )
         if not tested_by_final:
             lead = f"{checked_and_failed}; " if checked_and_failed else ("the final check has not run yet; " if not final else "")
             return Recommendation(

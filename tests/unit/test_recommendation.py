@@ -61,3 +61,22 @@ def test_the_report_names_every_source():
     from trainopt.report.html import SOURCE_TEXTS
 
     assert set(SOURCE_TEXTS) == set(SOURCES)
+
+
+def test_an_inconclusive_final_check_above_one_leaves_the_confirmed_first_change_standing():
+    # Demo run H: batch 256 confirmed (held-out 1.175x [1.089, 1.267]), then the final check
+    # of exactly those settings said inconclusive 1.145x [1.027, 1.259] over 6 pairs.
+    batch = kept("batch_size", 32, 256, 1.175, extra={"grad_accum": 1})
+    check = {**final({**BASE, "batch_size": 256, "grad_accum": 1}, "inconclusive", 1.145), "ci": [1.027, 1.259]}
+    r = recommend(BASE, 100.0, [batch], check)
+    assert (r.source, r.settings["batch_size"], r.speedup) == ("first-kept-change", 256, 1.175)
+    assert "measured the same comparison again" in r.reason and "inconclusive reason" in r.reason
+
+
+def test_an_inconclusive_final_check_reaching_below_one_still_rejects_the_first_change():
+    check = {**final(AMP, "inconclusive", 1.02), "ci": [0.95, 1.09]}
+    r = recommend(BASE, 100.0, DECISIONS[:1], check)
+    assert (r.source, r.settings) == ("baseline", BASE)
+    # With two kept changes the final check measured other settings: the first change stands.
+    r = recommend(BASE, 100.0, DECISIONS, {**final(BOTH, "inconclusive", 1.02), "ci": [0.95, 1.09]})
+    assert (r.source, r.settings) == ("first-kept-change", AMP)

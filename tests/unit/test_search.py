@@ -258,6 +258,9 @@ def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path)
     text = _summary(search.run())
     assert "recommended (best.yaml): baseline: the final check of the combined settings said regressed" in text
     assert "final check: regressed:" in text
+    # The baseline stays: one throughput figure, not the final check's baseline arms against the
+    # one-shot baseline trial as if they were before and after.
+    assert "samples/s (the baseline stays); speedup 1.000x" in text and " -> " not in text.split("throughput:")[1].split("\n")[0]
 
 
 def test_the_results_document_is_made_from_a_plain_state(tmp_path):
