@@ -66,9 +66,17 @@ def settings_after(baseline: Mapping[str, Any], decision: Decision) -> dict[str,
     return out
 
 
+def _pairs(d: Decision) -> int:
+    """Pairs behind a kept change's reported speedup: its held-out pairs when it has them
+    (the figure comes from those), else the pairs that decided it."""
+    held = d.extra.get("holdout") if isinstance(d.extra, dict) else None
+    return int(held["n_pairs"]) if held and held.get("n_pairs") else d.n_pairs
+
+
 def _change(d: Decision) -> str:
     ci = f" [{d.ci[0]:.3f}, {d.ci[1]:.3f}]" if d.ci else ""
-    speed = f", {d.speedup:.3f}x{ci} over {d.n_pairs} pairs" if d.speedup is not None else ""
+    held = " held-out" if isinstance(d.extra, dict) and d.extra.get("holdout") else ""
+    speed = f", {d.speedup:.3f}x{ci} over {_pairs(d)}{held} pairs" if d.speedup is not None else ""
     return f"{d.knob} {d.from_value} -> {d.to_value}{speed}"
 
 
@@ -105,14 +113,14 @@ def recommend(
                 candidate, "first-kept-change",
                 f"these settings were confirmed against the baseline ({_change(first)}); the final check measured the "
                 f"same comparison again and found them faster, though not surely by the margin ({final.get('reason')})",
-                first.after_samples_per_s, first.speedup, first.ci, first.n_pairs,
+                first.after_samples_per_s, first.speedup, first.ci, _pairs(first),
             )
         if not tested_by_final:
             lead = f"{checked_and_failed}; " if checked_and_failed else ("the final check has not run yet; " if not final else "")
             return Recommendation(
                 candidate, "first-kept-change",
                 f"{lead}these are the last settings confirmed against the baseline: {_change(first)}",
-                first.after_samples_per_s, first.speedup, first.ci, first.n_pairs,
+                first.after_samples_per_s, first.speedup, first.ci, _pairs(first),
             )
     if checked_and_failed:
         reason = f"{checked_and_failed}; no other settings were confirmed against the baseline, so the baseline stays"

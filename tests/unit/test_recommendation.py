@@ -80,3 +80,10 @@ def test_an_inconclusive_final_check_reaching_below_one_still_rejects_the_first_
     # With two kept changes the final check measured other settings: the first change stands.
     r = recommend(BASE, 100.0, DECISIONS, {**final(BOTH, "inconclusive", 1.02), "ci": [0.95, 1.09]})
     assert (r.source, r.settings) == ("first-kept-change", AMP)
+
+
+def test_a_held_out_figure_is_counted_by_its_own_pairs():
+    d = kept("amp", "off", "bf16", 1.5, extra={"holdout": {"speedup": 1.5, "ci": [1.4, 1.6], "n_pairs": 6}})
+    d.n_pairs = 14  # the pairs that decided it
+    r = recommend(BASE, 100.0, [d], {})
+    assert r.n_pairs == 6 and "1.500x [1.400, 1.600] over 6 held-out pairs" in r.reason
