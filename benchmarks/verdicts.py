@@ -124,7 +124,8 @@ def cell(rng, reps, tail, sd, budget, confidence, min_speedup, method, effects=E
                 a["improved"] += v == "improved"
                 a["regressed"] += v == "regressed"
                 a["n"] += n
-                a["covered"] += iv.low <= eff <= iv.high
+                # A futility stop at a look that may claim nothing reports no interval: it cannot miss.
+                a["covered"] += iv is None or iv.low <= eff <= iv.high
                 if v == "improved":
                     if name == "new":
                         acc["new-deciding"]["kept"].append(iv.speedup)

@@ -117,7 +117,8 @@ def confirm(next_pair: Callable[[int], Pair], rule: DecisionRule, planned_pairs:
             break
     iv = answer.interval
     if iv is None:
-        return Confirmation(None, answer.verdict or "inconclusive", f"{answer.verdict} after {len(cand_runs)} pairs", cand_runs, inc_runs)
+        reason = getattr(answer, "reason", "") or f"{answer.verdict} after {len(cand_runs)} pairs"
+        return Confirmation(None, answer.verdict or "inconclusive", reason, cand_runs, inc_runs)
     extra = f" after adding pairs up to {iv.n}" if planned_pairs is not None and iv.n > planned_pairs else ""
     reason = f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} pairs{extra}"
     return Confirmation(iv, answer.verdict, reason, cand_runs, inc_runs)

@@ -299,8 +299,11 @@ class SequentialRule:
         Between looks (and at looks that cannot spend anything) the rule always goes on,
         so every pair up to this count will be needed: they can be measured together.
         """
+        # A look that spends nothing can still stop for futility (a claim needs no level
+        # there), so it is a look while a futility stop is on.
+        futile_stops = self.futility_confidence is not None or self.projection_confidence is not None
         for look in self.looks:
-            if look.n > n and (look.alpha > 0 or look.n == self.max_pairs):
+            if look.n > n and (look.alpha > 0 or look.n == self.max_pairs or futile_stops):
                 return look.n
         return self.max_pairs
 
@@ -328,8 +331,17 @@ class SequentialRule:
             raise ValueError(f"{n} pairs exceed max_pairs {self.max_pairs}")
         look = self._by_n.get(n)
         spent = max([lk.spent for lk in self.looks if lk.n <= n], default=0.0)
-        if look is None or (look.alpha <= 0 and n < self.max_pairs):
+        if look is None:
             return Decision(CONTINUE, None, None, n, spent, "between looks")
+        if look.alpha <= 0 and n < self.max_pairs:
+            # Nothing can be claimed here (no rank level within what this look may spend),
+            # but a candidate that cannot be adopted need not run on: no interval is
+            # reported, the reason carries the estimate.
+            futile = self._futile(x)
+            if futile:
+                est = math.exp(float(np.median((x[:, None] + x[None, :])[np.triu_indices(n)] / 2.0)))
+                return Decision(STOP, "inconclusive", None, n, spent, f"{est:.3f}x over {n} pairs; {futile}")
+            return Decision(CONTINUE, None, None, n, spent, "a look that spends nothing: nothing to claim yet")
         if look.alpha <= 0:
             # Only possible when the whole budget cannot reach any rank level at
             # max_pairs (e.g. 3 pairs at 95 %): nothing can be claimed.
@@ -342,16 +354,23 @@ class SequentialRule:
             return Decision(STOP, v, iv, n, spent, f"{v} at look n={n} (level {look.alpha:.4f} spent here)")
         if n >= self.max_pairs:
             return Decision(STOP, v, iv, n, spent, f"pair budget {self.max_pairs} reached")
+        futile = self._futile(x)
+        if futile:
+            return Decision(STOP, v, iv, n, spent, futile)
+        return Decision(CONTINUE, None, iv, n, spent, "interval straddles a boundary")
+
+    def _futile(self, x: np.ndarray) -> str | None:
+        """Why the candidate cannot be adopted any more (stop for futility), or None."""
+        n = len(x)
         if self.futility_confidence is not None:
             fut = self.interval_at(x, 1.0 - self.futility_confidence)
             if fut is not None and fut.high < 1.0 + self.min_speedup:
-                return Decision(STOP, v, iv, n, spent, f"improvement ruled out: {self.futility_confidence:.0%} upper bound {fut.high:.3f}")
+                return f"improvement ruled out: {self.futility_confidence:.0%} upper bound {fut.high:.3f}"
         projected = self._projected_low(x)
         if projected is not None and projected < math.log1p(self.min_speedup):
-            return Decision(STOP, v, iv, n, spent,
-                            f"improvement ruled out: with {self.max_pairs - n} more pairs at the {self.projection_confidence:.0%} "
-                            f"upper bound, the last look's lower bound would be {math.exp(projected):.3f}")
-        return Decision(CONTINUE, None, iv, n, spent, "interval straddles a boundary")
+            return (f"improvement ruled out: with {self.max_pairs - n} more pairs at the {self.projection_confidence:.0%} "
+                    f"upper bound, the last look's lower bound would be {math.exp(projected):.3f}")
+        return None
 
     def _projected_low(self, x: np.ndarray) -> float | None:
         """The last look's lower bound (log scale) if the pairs still to come were optimistic.

@@ -270,6 +270,9 @@ class KnobStage:
         d.verdict, d.reason = conf.verdict, conf.reason
         d.extra["confirmed_with"] = family
         if conf.interval is None:
+            # A failure, or a futility stop at a look that may claim nothing: the pairs
+            # measured, without an interval (the reason carries the estimate).
+            d.n_pairs = sum(1 for c in conf.candidate if c.ok)
             return False
         iv = conf.interval
         d.speedup, d.ci, d.n_pairs, d.coverage = iv.speedup, [iv.low, iv.high], iv.n, iv.coverage

@@ -342,7 +342,8 @@ def test_the_second_choice_is_confirmed_when_the_first_is_not_improved(tmp_path)
     doc = search.run()
     amp = {d["to"]: d for d in by_knob(doc, "amp")}
     assert amp["fp16"]["screen_speedup"] > amp["bf16"]["screen_speedup"]
-    assert amp["fp16"]["verdict"] != "improved" and amp["fp16"]["n_pairs"] >= 4
+    # Confirmed on fresh pairs (at least the first look's 3), and not improved there.
+    assert amp["fp16"]["verdict"] != "improved" and amp["fp16"]["n_pairs"] >= 3
     assert amp["bf16"]["verdict"] == "improved" and amp["bf16"]["kept"]
     assert _confirmed(doc, "amp") == {"off", "bf16", "fp16"}
 
