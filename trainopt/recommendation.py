@@ -111,8 +111,9 @@ def recommend(
         if agrees:
             return Recommendation(
                 candidate, "first-kept-change",
-                f"these settings were confirmed against the baseline ({_change(first)}); the final check measured the "
-                f"same comparison again and found them faster, though not surely by the margin ({final.get('reason')})",
+                f"these settings were confirmed against the baseline ({_change(first)}); the final check "
+                f"{'(its held-out pairs) measured that comparison' if final.get('reused_pairs') else 'measured the same comparison again'} "
+                f"and found them faster, though not surely by the margin ({final.get('reason')})",
                 first.after_samples_per_s, first.speedup, first.ci, _pairs(first),
             )
         if not tested_by_final:

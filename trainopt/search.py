@@ -109,13 +109,13 @@ class Search:
             else:
                 incumbent = self.stage.run(incumbent, name, stage, self.spec.search[name])
             state.done_knobs.append(name)
-            self._update_eta(index + 1)
+            self._update_eta(index + 1, reusable=len(self._held_out_of_the_same_comparison(base_settings, incumbent)[0]))
             self._checkpoint(complete=False)
         self.progress.stage("final", "final check against the baseline")
         n0 = len(self.broker.unstable)
         state.final = self._final_check(base_settings, incumbent)
         if self.broker.unstable[n0:]:
-            state.final["unstable"] = "; ".join(self.broker.unstable[n0:])
+            state.final["unstable"] = "; ".join(filter(None, [state.final.get("unstable"), *self.broker.unstable[n0:]]))
         self._warn()
         return self._checkpoint(complete=True)
 
@@ -145,13 +145,15 @@ class Search:
                 "those verdicts are marked and may be wrong - run the search again on a quieter machine"
             )
 
-    def _update_eta(self, knobs_done: int, selected: int | None = None) -> None:
+    def _update_eta(self, knobs_done: int, selected: int | None = None, reusable: int = 0) -> None:
         """Tell the progress how many trial processes are left.
 
         Args:
             knobs_done: Knobs decided so far.
             selected: After the current knob's screen: how many of its candidates it
                 selected for confirmation (the rest of that knob is then counted from it).
+            reusable: Held-out pairs the final check would reuse if no later knob kept a
+                change (counted only once no knob is left that could keep one).
         """
         from trainopt.sequential import SequentialRule, typical_pairs
 
@@ -161,7 +163,7 @@ class Search:
         later = self.state.order[knobs_done + (1 if selected is not None else 0):]
         remaining = plan.remaining_trials(
             later, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
-            final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
+            final_pairs=max(m.pairs, holdout) - (0 if later else min(reusable, max(m.pairs, holdout))), batch_candidates=self.spec.batch_search.max_candidates,
             skip=self._runs_nothing(later),
         )
         if selected is not None:
@@ -189,7 +191,8 @@ class Search:
         No early stop and no selection act on these pairs, so the plain interval over them
         has its nominal coverage and the speedup is unbiased; the verdict applies the same
         boundaries as every change (``stats.verdict``). Each pair runs with no other
-        session beside it.
+        session beside it. When one change was kept, its held-out pairs are such pairs
+        already and are used instead of measuring the same comparison again.
         """
         baseline_rate = self.state.baseline.samples_per_s
         if plan.settings_hash(base) == plan.settings_hash(incumbent):
@@ -205,8 +208,13 @@ class Search:
             }
         m = self.spec.measure
         n = max(m.pairs, holdout_pairs(m.confidence, m.interval))
-        nxt = self.broker.pair_sessions(base, incumbent, stage="final", knob="final", role="final", planned=lambda i: n, exclusive=True)
-        pairs = [nxt(i) for i in range(n)]
+        reused, unstable, label = self._held_out_of_the_same_comparison(base, incumbent)
+        pairs = reused[:n]
+        more = n - len(pairs)
+        if more:
+            nxt = self.broker.pair_sessions(base, incumbent, stage="final", knob="final", role="final",
+                                            planned=lambda i: more, exclusive=True)
+            pairs += [nxt(i) for i in range(more)]
         cand = [p.candidate for p in pairs]
         inc = [p.incumbent for p in pairs]
         out = {"settings": incumbent, "ci": None, "speedup": None, "n_pairs": 0,
@@ -220,9 +228,32 @@ class Search:
             return {**out, "verdict": "inconclusive",
                     "reason": f"incumbent trial {failed_inc.status} during the final check: {failed_inc.error}"}
         iv = holdout_estimate([math.log(c.samples_per_s / i.samples_per_s) for c, i in zip(cand, inc)], m.confidence, m.interval)
-        return {**out, "verdict": stats.verdict(iv, m.min_speedup),
-                "reason": f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} fresh pairs",
+        reason = f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} fresh pairs"
+        if reused:
+            reason += (f" (the held-out pairs of {label}{f' and {more} more' if more else ''}: "
+                       "the only kept change, so they compared exactly these settings with the baseline)")
+            out["reused_pairs"] = n - more
+        if unstable:
+            out["unstable"] = "; ".join(unstable)
+        return {**out, "verdict": stats.verdict(iv, m.min_speedup), "reason": reason,
                 "speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
+
+    def _held_out_of_the_same_comparison(self, base: dict[str, Any], incumbent: dict[str, Any]) -> tuple[list[Any], list[str], str]:
+        """The held-out pairs of the one kept change when they compared the final settings with the baseline.
+
+        With a single kept change its held-out pairs are fresh pairs of exactly the final
+        check's two settings, measured after its verdict and unused by any decision, so they
+        serve as the final check's pairs (they cost 6 sessions otherwise). Only where
+        sessions run one at a time: with several slots the held-out pairs ran beside other
+        sessions, and the final check is measured with nothing beside it.
+
+        Returns:
+            The reusable pairs (none when they do not apply), the stability guard's flags
+            raised while they ran, and the kept change (``knob=value``).
+        """
+        if getattr(self.broker.executor, "slots", 1) > 1:
+            return [], [], ""
+        return self.stage.held_out.get((plan.settings_hash(base), plan.settings_hash(incumbent)), ([], [], ""))
 
     def _checkpoint(self, complete: bool) -> dict[str, Any]:
         from trainopt.results import build_results

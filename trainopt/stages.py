@@ -17,7 +17,7 @@ from typing import Any
 
 from trainopt import knobs, plan
 from trainopt.broker import SessionAsk, TrialBroker
-from trainopt.confirmation import Confirmation, confirm
+from trainopt.confirmation import Confirmation, Pair, confirm
 from trainopt.decision import Decision, judge_compile
 from trainopt.protocol import TrialResult
 from trainopt.sequential import SequentialRule, holdout_estimate, holdout_pairs, select_for_confirmation
@@ -96,6 +96,10 @@ class KnobStage:
         # The incumbent arm's throughput in the search's first screen session: the baseline
         # settings (nothing is adopted before a screen), measured the way session arms are.
         self.first_screen_rate: float | None = None
+        # The held-out pairs of each kept change, by (incumbent hash, candidate hash), with
+        # the stability guard's flags raised while they ran and the change's name: a final
+        # check of exactly that comparison reuses them (``Search._final_check``).
+        self.held_out: dict[tuple[str, str], tuple[list[Pair], list[str], str]] = {}
 
     def run(self, incumbent: dict[str, Any], knob: str, stage: str, values: list[Any]) -> dict[str, Any]:
         """Try every value of ``knob``; return the new incumbent (the old one unless one was confirmed)."""
@@ -185,10 +189,13 @@ class KnobStage:
     def _holdout(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str):
         """Fresh pairs measured after an ``improved`` verdict, for an unbiased speedup (None if one failed)."""
         n = holdout_pairs(self.measure.confidence, self.measure.interval)
+        n0 = len(self.broker.unstable)
         nxt = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="holdout", planned=lambda i: n)
         pairs = [nxt(i) for i in range(n)]
         if not all(p.candidate.ok and p.incumbent.ok for p in pairs):
             return None, pairs
+        self.held_out[(plan.settings_hash(incumbent), plan.settings_hash(settings))] = (
+            pairs, self.broker.unstable[n0:], f"{knob}={settings[knob]}")
         logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
         return holdout_estimate(logs, self.measure.confidence, self.measure.interval), pairs
 

@@ -24,11 +24,13 @@ from trainopt.store import SpecChangedError, TrialStore
 class FakeRunner:
     """Throughput = base x effects(settings) x lognormal noise; OOM above ``fits_up_to``."""
 
-    def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0, final_factor=1.0):
-        # final_factor scales the candidate's runs in the final check only: the combined
-        # settings measured slower (or faster) against the baseline than the chain of
-        # single-knob confirmations suggested.
+    def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0, final_factor=1.0,
+                 late_roles=("final",)):
+        # final_factor scales the candidate's runs in the final check only (and in the
+        # held-out pairs too with late_roles=("holdout", "final")): the settings measured
+        # slower (or faster) against the baseline than the confirmations suggested.
         self.final_factor = final_factor
+        self.late_roles = late_roles
         self.effects = effects or {}
         self.fits_up_to = fits_up_to
         self.noise = noise
@@ -52,7 +54,7 @@ class FakeRunner:
         for (knob, value), factor in self.effects.items():
             if s.get(knob) == value:
                 speed *= factor
-        if request.trial_id.startswith("final/final/") and "/arm1/" in request.trial_id:
+        if request.trial_id.split("/")[0] in self.late_roles and "/arm1/" in request.trial_id:
             speed *= self.final_factor
         speed *= math.exp(self.rng.gauss(0, self.noise))
         return TrialResult(
@@ -216,11 +218,12 @@ def test_a_final_check_that_regresses_falls_back_to_the_first_confirmed_change(t
 
 @pytest.mark.parametrize("final_factor,verdict", [(0.5, "regressed"), (1 / 1.5, "equivalent")])
 def test_a_final_check_that_does_not_confirm_the_only_change_keeps_the_baseline(tmp_path, final_factor, verdict):
-    runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=final_factor, noise=0.005)
+    # The only kept change: the final check is its held-out pairs, which measured it slower.
+    runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=final_factor, noise=0.005, late_roles=("holdout", "final"))
     search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
     doc = search.run()
     assert by_knob(doc, "amp")[0]["kept"]
-    assert doc["final"]["verdict"] == verdict
+    assert doc["final"]["verdict"] == verdict and doc["final"]["reused_pairs"] == 6
     assert doc["best"]["source"] == "baseline"
     assert doc["best"]["settings"] == spec.baseline
     assert doc["speedup"] == 1.0 and doc["speedup_ci"] is None
@@ -234,9 +237,10 @@ def test_a_final_check_that_does_not_confirm_the_only_change_keeps_the_baseline(
     assert "bfloat16" not in render_export(tmp_path, "torch")
 
 
-def test_a_failed_final_trial_keeps_the_baseline(tmp_path):
-    runner = FakeRunner({("amp", "bf16"): 1.5})
-    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+def test_a_failed_final_trial_falls_back_to_the_first_kept_change(tmp_path):
+    # Two kept changes, so the final check measures the combination on pairs of its own.
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
     original = runner.run
 
     def crash_in_final(request, log_path, timeout_s):
@@ -247,13 +251,58 @@ def test_a_failed_final_trial_keeps_the_baseline(tmp_path):
     runner.run = crash_in_final
     doc = search.run()
     assert doc["final"]["verdict"] == "crashed"
-    assert doc["best"]["source"] == "baseline" and doc["best"]["settings"]["amp"] == "off"
+    assert doc["best"]["source"] == "first-kept-change"
+    assert (doc["best"]["settings"]["amp"], doc["best"]["settings"]["num_workers"]) == ("bf16", 0)
+
+
+def test_the_only_kept_change_s_held_out_pairs_are_the_final_check(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 0.8})
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    doc = search.run()
+    amp = by_knob(doc, "amp")[0]
+    assert amp["kept"] and not by_knob(doc, "num_workers")[0]["kept"]
+    roles = [t["role"] for t in doc["trials"]]
+    assert "final" not in roles and roles.count("holdout") == 12
+    final = doc["final"]
+    assert (final["verdict"], final["n_pairs"], final["reused_pairs"]) == ("improved", 6, 6)
+    # The same six pairs as the held-out estimate: the same figure and interval.
+    assert final["speedup"] == pytest.approx(amp["speedup"]) and final["ci"] == pytest.approx(amp["ci"])
+    assert "the held-out pairs of amp=bf16" in final["reason"]
+    assert doc["best"]["settings"]["amp"] == "bf16" and doc["best"]["source"] == "final-check"
+    # Resumed from the store, it runs nothing and comes to the same final check.
+    again = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 0.8})
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    doc2 = Search(spec, tmp_path, again, store).run()
+    assert again.requests == [] and doc2["final"]["speedup"] == final["speedup"]
+
+
+def test_the_final_check_measures_pairs_of_its_own_after_two_kept_changes_or_on_several_slots(tmp_path):
+    from trainopt.executor import SerialExecutor
+    from trainopt.session import SequentialSessionRunner
+
+    (tmp_path / "two").mkdir()
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
+    search, _ = make_search(tmp_path / "two", runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    doc = search.run()
+    assert [d["kept"] for d in doc["decisions"]] == [True, True]
+    assert [t["role"] for t in doc["trials"]].count("final") == 12 and "reused_pairs" not in doc["final"]
+
+    class TwoSlots(SerialExecutor):
+        # Sessions on several slots run side by side; the held-out pairs did, the final check may not.
+        slots = 2
+
+    runner = FakeRunner({("amp", "bf16"): 1.5})
+    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure={"pairs": 4, "max_pairs": 8}), "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'slots.db'}", spec.name, spec.fingerprint())
+    doc = Search(spec, tmp_path / "slots", runner, store, executor=TwoSlots(SequentialSessionRunner(runner))).run()
+    assert by_knob(doc, "amp")[0]["kept"]
+    assert [t["role"] for t in doc["trials"]].count("final") == 12 and "reused_pairs" not in doc["final"]
 
 
 def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path):
     from trainopt.cli import _summary
 
-    runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=0.5)
+    runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=0.5, late_roles=("holdout", "final"))
     search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
     text = _summary(search.run())
     assert "recommended (best.yaml): baseline: the final check of the combined settings said regressed" in text
