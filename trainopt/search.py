@@ -243,16 +243,14 @@ class Search:
 
         With a single kept change its held-out pairs are fresh pairs of exactly the final
         check's two settings, measured after its verdict and unused by any decision, so they
-        serve as the final check's pairs (they cost 6 sessions otherwise). Only where
-        sessions run one at a time: with several slots the held-out pairs ran beside other
-        sessions, and the final check is measured with nothing beside it.
+        serve as the final check's pairs (they cost 6 sessions otherwise). Held-out pairs
+        against the baseline run with no other session beside them, as the final check's
+        do (``KnobStage._holdout``).
 
         Returns:
             The reusable pairs (none when they do not apply), the stability guard's flags
             raised while they ran, and the kept change (``knob=value``).
         """
-        if getattr(self.broker.executor, "slots", 1) > 1:
-            return [], [], ""
         return self.stage.held_out.get((plan.settings_hash(base), plan.settings_hash(incumbent)), ([], [], ""))
 
     def _checkpoint(self, complete: bool) -> dict[str, Any]:

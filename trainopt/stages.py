@@ -187,10 +187,17 @@ class KnobStage:
         return confirm(pairs, rule, self.pairs)
 
     def _holdout(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str):
-        """Fresh pairs measured after an ``improved`` verdict, for an unbiased speedup (None if one failed)."""
+        """Fresh pairs measured after an ``improved`` verdict, for an unbiased speedup (None if one failed).
+
+        Against the baseline itself (the first kept change) each pair runs with no other
+        session beside it, like the final check's: if no later change is kept, these
+        pairs are the final check.
+        """
         n = holdout_pairs(self.measure.confidence, self.measure.interval)
         n0 = len(self.broker.unstable)
-        nxt = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="holdout", planned=lambda i: n)
+        against_baseline = plan.settings_hash(incumbent) == plan.settings_hash(self.broker.spec.baseline)
+        nxt = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="holdout", planned=lambda i: n,
+                                        exclusive=against_baseline)
         pairs = [nxt(i) for i in range(n)]
         if not all(p.candidate.ok and p.incumbent.ok for p in pairs):
             return None, pairs

@@ -276,27 +276,49 @@ def test_the_only_kept_change_s_held_out_pairs_are_the_final_check(tmp_path):
     assert again.requests == [] and doc2["final"]["speedup"] == final["speedup"]
 
 
-def test_the_final_check_measures_pairs_of_its_own_after_two_kept_changes_or_on_several_slots(tmp_path):
-    from trainopt.executor import SerialExecutor
-    from trainopt.session import SequentialSessionRunner
-
-    (tmp_path / "two").mkdir()
+def test_the_final_check_measures_pairs_of_its_own_after_two_kept_changes(tmp_path):
     runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
-    search, _ = make_search(tmp_path / "two", runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
     doc = search.run()
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     assert [t["role"] for t in doc["trials"]].count("final") == 12 and "reused_pairs" not in doc["final"]
 
+
+def test_held_out_pairs_against_the_baseline_run_alone_on_several_slots(tmp_path):
+    from trainopt.executor import SerialExecutor
+    from trainopt.session import SequentialSessionRunner
+
     class TwoSlots(SerialExecutor):
-        # Sessions on several slots run side by side; the held-out pairs did, the final check may not.
+        # Says it has two slots (the broker then batches sessions) and notes which batches
+        # had to run with no other session beside them.
         slots = 2
 
+        def __init__(self, runner):
+            super().__init__(runner)
+            self.batches = []
+
+        def run_many(self, jobs, exclusive=False):
+            self.batches.append(([j.requests[0].trial_id.split("/")[:2] for j in jobs], exclusive))
+            return super().run_many(jobs, exclusive)
+
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
+    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"], "num_workers": [0, 1]},
+                                         measure={"pairs": 4, "max_pairs": 8}), "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    executor = TwoSlots(SequentialSessionRunner(runner))
+    doc = Search(spec, tmp_path, runner, store, executor=executor).run()
+    assert [d["kept"] for d in doc["decisions"]] == [True, True]
+    alone = {tuple(ids[0]): exclusive for ids, exclusive in executor.batches}
+    # amp was kept against the baseline, num_workers against an incumbent with bf16.
+    assert alone[("holdout", "amp")] and not alone[("holdout", "num_workers")] and alone[("final", "final")]
+    assert not alone[("confirm", "amp")]
+    # With amp the only kept change, its held-out pairs (measured alone) are the final check.
+    (tmp_path / "one").mkdir()
     runner = FakeRunner({("amp", "bf16"): 1.5})
     spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure={"pairs": 4, "max_pairs": 8}), "t.yaml", tmp_path)
-    store = TrialStore(f"sqlite:///{tmp_path / 'slots.db'}", spec.name, spec.fingerprint())
-    doc = Search(spec, tmp_path / "slots", runner, store, executor=TwoSlots(SequentialSessionRunner(runner))).run()
-    assert by_knob(doc, "amp")[0]["kept"]
-    assert [t["role"] for t in doc["trials"]].count("final") == 12 and "reused_pairs" not in doc["final"]
+    store = TrialStore(f"sqlite:///{tmp_path / 'one' / 'trials.db'}", spec.name, spec.fingerprint())
+    doc = Search(spec, tmp_path / "one", runner, store, executor=TwoSlots(SequentialSessionRunner(runner))).run()
+    assert "final" not in [t["role"] for t in doc["trials"]] and doc["final"]["reused_pairs"] == 6
 
 
 def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path):
