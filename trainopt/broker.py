@@ -97,7 +97,7 @@ class TrialBroker:
         if cached is not None:
             self.state.reused += 1
             self._note(key, meta, cached)
-            self.progress.trial_reused(plan.arm_cost(knob, role))
+            self.progress.trial_reused(plan.arm_cost(settings, role))
             return cached
         reason = knobs.not_applicable_reason(settings, self.device_type, self.world_size) if self.device_type else None
         handle = self.store.begin(key, meta)
@@ -131,7 +131,7 @@ class TrialBroker:
         # Outside every slot: on this machine, alone, unpinned (the report shows where each trial ran).
         record_local(result)
         self.state.ran += 1
-        self.progress.trial_finished(result, cost=plan.arm_cost(knob, role))
+        self.progress.trial_finished(result, cost=plan.arm_cost(settings, role))
         return result
 
     def sessions(self, asks: list[SessionAsk], exclusive: bool = False) -> list[SessionResult]:
@@ -196,10 +196,10 @@ class TrialBroker:
         for j, ask in enumerate(asks):
             cached = [self.store.lookup(k) for k in ask.keys()]
             if all(c is not None for c in cached):
-                for key, r in zip(ask.keys(), cached):
+                for key, r, settings in zip(ask.keys(), cached, ask.arms):
                     self.state.reused += 1
                     self._note(key, self._meta(ask, r), r)
-                    self.progress.trial_reused(plan.arm_cost(ask.knob, ask.role))
+                    self.progress.trial_reused(plan.arm_cost(settings))
                 info = cached[0].session or {}
                 results[j] = SessionResult(arms=cached, mode=info.get("mode", "sequential"), rounds=info.get("rounds", 0),
                                            note=info.get("note", ""))
@@ -235,17 +235,19 @@ class TrialBroker:
         t0 = time.monotonic()
         out = self.executor.run_many(jobs, exclusive=exclusive)
         # The ETA prices an arm in the search's own wall time: sessions that ran side by side
-        # on several slots share the time they took, so each arm costs its share of the batch.
-        per_arm = (time.monotonic() - t0) / max(1, sum(len(r.arms) for r in out))
+        # on several slots share the time they took, so each arm costs its share of the batch,
+        # by its weight (a compiled arm takes longer than a plain one beside it).
+        per_cost = (time.monotonic() - t0) / max(1e-9, sum(plan.arm_cost(s) for a in asks for s in a.arms))
         for ask, hs, result in zip(asks, handles, out):
             for i, (key, h, arm) in enumerate(zip(ask.keys(), hs, result.arms)):
+                cost = plan.arm_cost(ask.arms[i])
                 arm.session = {"id": f"{ask.role}/{ask.knob}/{ask.tag}", "arm": i, "arms": len(result.arms), "mode": result.mode,
                                "note": result.note, "rounds": result.rounds, "finished_s": round(time.time() - self.state.started, 3)}
                 meta = self._meta(ask, arm)
                 self.store.finish(h, key, meta, arm)
                 self._note(key, meta, arm)
                 self.state.ran += 1
-                self.progress.trial_finished(arm, wall_s=per_arm, cost=plan.arm_cost(ask.knob, ask.role))
+                self.progress.trial_finished(arm, wall_s=per_cost * cost, cost=cost)
         return out
 
     @staticmethod

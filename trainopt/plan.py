@@ -95,31 +95,39 @@ TYPICAL_CONFIRMATIONS = 0.9
 TYPICAL_KEPT_SHARE = 0.5
 SECOND_CONFIRMATION_SHARE = 0.75
 
-# What one arm of a knob's stage costs against a plain arm. A compile arm compiles in
-# every process: in demo runs D and E a compile confirmation session took 8.5-8.6 s,
-# against 4.3-5.8 s for the other confirmations of the same search.
-ARM_COST = {"compile": 1.7}
+# What one session arm costs against a plain arm, by its settings. A compiled arm compiles
+# in every process (from the warm cache): in demo runs I and J (2026-12-05) a pair with one
+# compiled arm took 8.6-10.6 s against 4.6-6.0 s for a plain pair of the same batch size, so
+# the compiled arm cost about 2.6 plain ones. Once compile is kept, every later arm compiles.
+COMPILED_ARM_COST = 2.6
 # The one-shot cold-compile trial, in plain arms: 49-64 s from a cold compiler cache and
 # 10 s from a warm one, against plain arms of about 2.7 s in those searches.
 COLD_COMPILE_COST = 10.0
 
 
-def arm_cost(knob: str, role: str = "") -> float:
-    """What one trial process of ``knob``'s stage costs, in plain session arms (for the ETA)."""
+def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "") -> float:
+    """What one trial process costs, in plain session arms (for the ETA).
+
+    Args:
+        settings: The trial's settings (a compiled arm costs ``COMPILED_ARM_COST``).
+        role: ``cold-compile`` for the one-shot cold-compile trial.
+    """
     if role == "cold-compile":
         return COLD_COMPILE_COST
-    return ARM_COST.get(knob, 1.0)
+    return COMPILED_ARM_COST if settings and settings.get("compile", "off") != "off" else 1.0
 
 
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
-                     final_pairs: int, batch_candidates: int, skip: Sequence[str] = ()) -> float:
+                     final_pairs: int, batch_candidates: int, skip: Sequence[str] = (),
+                     incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None) -> float:
     """A rough count of the trial processes left (probes and session arms), for the ETA.
 
     Per knob: the screen session (incumbent and candidates), the typical number of
     confirmations at ``confirm_pairs`` two-arm sessions each, the held-out pairs of a kept
-    change at the typical share; then the final check's pairs. Each knob's processes are
-    weighted by ``arm_cost`` (a compile arm counts as more than one), and the compile
-    stage adds its cold-compile trial per compiled candidate.
+    change at the typical share; then the final check's pairs. Each arm is weighted by
+    ``arm_cost``: a compiled arm (every arm once compile is kept, a compile candidate
+    before) counts as more than one, and the compile stage adds its cold-compile trial
+    per compiled candidate.
 
     Args:
         knob_names: The knobs not decided yet.
@@ -129,8 +137,12 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         final_pairs: Pairs of the final check.
         batch_candidates: Throughput candidates of the batch-size stage.
         skip: Knobs that run nothing (none of their values applies on this device).
+        incumbent: The settings now adopted (default: nothing compiled).
+        baseline: The baseline's settings, the final check's other arm (default: not compiled).
     """
     remaining = 0.0
+    inc = arm_cost(incumbent)
+    compiled = {"compile": "default"}
     for name in knob_names:
         if name in skip:
             continue
@@ -139,22 +151,23 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
             remaining += TYPICAL_BATCH_PROBES
         else:
             cands = max(1, len(search[name]) - 1)
+        cand = arm_cost(compiled) if name == "compile" else inc
         confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
-        arms = 1 + cands + confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs
-        remaining += arms * arm_cost(name)
+        remaining += inc + cands * cand + (confirmations * confirm_pairs + TYPICAL_KEPT_SHARE * holdout_pairs) * (inc + cand)
         if name == "compile":
             remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
-    return remaining + 2 * final_pairs
+    final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
+    return remaining + final_pairs * (arm_cost(baseline) + final)
 
 
-def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, cost: float = 1.0) -> float:
+def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, pair_cost: float = 2.0) -> float:
     """Trial processes a knob still runs after its screen selected ``selected`` candidates.
 
     The first is confirmed; a second only when the first is not improved (taken as
     ``SECOND_CONFIRMATION_SHARE`` of the time); a kept change adds its held-out pairs
-    (taken as the typical share). ``cost`` weights them as in ``remaining_trials``.
+    (taken as the typical share). ``pair_cost`` is a pair's two arms by ``arm_cost``.
     """
     if selected <= 0:
         return 0.0
     confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
-    return cost * (confirmations * 2 * confirm_pairs + TYPICAL_KEPT_SHARE * 2 * holdout_pairs)
+    return pair_cost * (confirmations * confirm_pairs + TYPICAL_KEPT_SHARE * holdout_pairs)

@@ -77,6 +77,8 @@ class Search:
                                rule=rule)
         self.stage.on_selected = self._selected
         self._knob_index = 0
+        # The settings adopted so far (what every later arm holds, for the ETA's prices).
+        self._incumbent: dict[str, Any] = dict(spec.baseline)
 
     @property
     def ran(self) -> int:
@@ -108,6 +110,7 @@ class Search:
                 incumbent = run_batch_stage(self.spec, self.stage, incumbent, state.baseline.dataset_len, state.batch_info)
             else:
                 incumbent = self.stage.run(incumbent, name, stage, self.spec.search[name])
+            self._incumbent = incumbent
             state.done_knobs.append(name)
             self._update_eta(index + 1, reusable=len(self._held_out_of_the_same_comparison(base_settings, incumbent)[0]))
             self._checkpoint(complete=False)
@@ -164,11 +167,13 @@ class Search:
         remaining = plan.remaining_trials(
             later, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
             final_pairs=max(m.pairs, holdout) - (0 if later else min(reusable, max(m.pairs, holdout))), batch_candidates=self.spec.batch_search.max_candidates,
-            skip=self._runs_nothing(later),
+            skip=self._runs_nothing(later), incumbent=self._incumbent, baseline=self.spec.baseline,
         )
         if selected is not None:
             knob = self.state.order[knobs_done]
-            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout, cost=plan.arm_cost(knob))
+            inc = plan.arm_cost(self._incumbent)
+            cand = plan.arm_cost({"compile": "default"}) if knob == "compile" else inc
+            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout, pair_cost=inc + cand)
         self.progress.set_remaining(remaining)
 
     def _selected(self, count: int) -> None:

@@ -47,13 +47,29 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
     # batch_size: 8 probes, incumbent + 4 candidates.
     assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == pytest.approx(8 + 5 + 0.9 * 16 + 0.5 * 12 + 12)
     assert remaining_trials([], search, **kw) == 12
-    # compile: its arms at 1.7 plain arms each, and one cold-compile trial (10 arms) per compiled candidate.
-    assert remaining_trials(["compile"], search, **kw) == pytest.approx(1.7 * (3 + 0.9 * 16 + 0.5 * 12) + 2 * 10 + 12)
+    # compile: a compiled arm at 2.6 plain arms, the incumbent plain; one cold-compile trial (10 arms)
+    # per compiled candidate; the final check's candidate compiles if compile is kept (half the time).
+    pair = 1 + 2.6
+    assert remaining_trials(["compile"], search, **kw) == pytest.approx(
+        1 + 2 * 2.6 + (0.9 * 8 + 0.5 * 6) * pair + 2 * 10 + 6 * (1 + 1 + 0.5 * 1.6))
+    # Once compile is adopted every later arm compiles, the final check's candidate arm too.
+    on = {"compile": "default"}
+    assert remaining_trials(["num_workers"], search, incumbent=on, **kw) == pytest.approx(
+        2.6 * (2 + 0.9 * 16 + 0.5 * 12) + 6 * (1 + 2.6))
+    assert remaining_trials([], search, incumbent=on, baseline=on, **kw) == pytest.approx(6 * 2 * 2.6)
     # After a screen: nothing selected leaves nothing; two selected, the second three times in four.
     assert remaining_in_knob(0, confirm_pairs=8, holdout_pairs=6) == 0
     assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6) == 16 + 0.5 * 12
     assert remaining_in_knob(2, confirm_pairs=8, holdout_pairs=6) == 1.75 * 16 + 0.5 * 12
-    assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6, cost=1.7) == pytest.approx(1.7 * (16 + 0.5 * 12))
+    assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6, pair_cost=pair) == pytest.approx(pair * (8 + 0.5 * 6))
+
+
+def test_a_compiled_arm_costs_more_than_a_plain_one_and_the_cold_compile_trial_most():
+    from trainopt.plan import arm_cost
+
+    plain, compiled = arm_cost({"compile": "off"}), arm_cost({"compile": "max-autotune"})
+    assert plain == 1.0 and compiled == 2.6 and arm_cost(None) == 1.0
+    assert arm_cost({"compile": "default"}, role="cold-compile") == 10.0
 
 
 def test_typical_confirmation_pairs_lie_between_the_first_look_and_the_budget():
