@@ -18,8 +18,11 @@ Schema (``schema_version`` 1)::
                                  # first-kept-change or baseline (see trainopt/recommendation.py)
     speedup, speedup_ci: [low, high] | null   # of best against the baseline (null while partial
                                  # and nothing is confirmed)
-    final: {verdict, reason, n_pairs, speedup, ci, samples_per_s, baseline_samples_per_s}
-                                 # the final check of the final settings, whatever its verdict
+    final: {verdict, reason, n_pairs, speedup, ci, samples_per_s, baseline_samples_per_s,
+            reused_pairs?, unstable?}
+                                 # the final check of the final settings, whatever its verdict;
+                                 # reused_pairs: how many of its pairs are the only kept
+                                 # change's held-out pairs (the same comparison)
     decisions: [{knob, stage, from, to, verdict, reason, speedup, ci, n_pairs, screen_speedup,
                  before_samples_per_s, after_samples_per_s, before_peak_memory_bytes,
                  after_peak_memory_bytes, kept, extra}]
