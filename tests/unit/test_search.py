@@ -276,6 +276,15 @@ def test_the_only_kept_change_s_held_out_pairs_are_the_final_check(tmp_path):
     assert again.requests == [] and doc2["final"]["speedup"] == final["speedup"]
 
 
+def test_a_final_check_of_more_pairs_than_the_held_out_ones_adds_the_rest(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5})
+    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]}, pairs=8, max_pairs=16)
+    doc = search.run()
+    final = doc["final"]
+    assert (final["verdict"], final["n_pairs"], final["reused_pairs"]) == ("improved", 8, 6)
+    assert [t["role"] for t in doc["trials"]].count("final") == 4 and "and 2 more" in final["reason"]
+
+
 def test_the_final_check_measures_pairs_of_its_own_after_two_kept_changes(tmp_path):
     runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
     search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
