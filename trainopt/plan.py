@@ -87,13 +87,16 @@ TYPICAL_BATCH_PROBES = 8
 # For the ETA, before a knob's screen: confirmations per knob (the screen selects at most
 # two, the second is confirmed only when the first is not improved, and a screen often
 # drops every candidate), and the share of knobs whose change is kept (each kept change
-# adds its held-out pairs). Both from the four demo searches in benchmarks/RESULTS.md
-# (runs B-E): 14 confirmations in the 16 knob stages that ran, 8 of them kept.
-# After the screen the stage says how many it selected; of the three screens there that
-# selected two, all three confirmed both, so the second is counted at three quarters.
-TYPICAL_CONFIRMATIONS = 0.9
-TYPICAL_KEPT_SHARE = 0.5
+# adds its held-out pairs). Both from nine demo searches in benchmarks/RESULTS.md on two
+# machine types (runs B-E, with bf16 units: 14 confirmations in 16 knob stages, 8 kept;
+# runs H-L, without: 15 in 20, 5 kept): 29 confirmations in 36 knob stages, 13 kept.
+# After the screen the stage says how many it selected; of the three screens in runs B-E
+# that selected two, all three confirmed both, so the second is counted at three quarters,
+# and a knob that selected a candidate keeps a change about half the time.
+TYPICAL_CONFIRMATIONS = 0.8
+TYPICAL_KEPT_SHARE = 0.36
 SECOND_CONFIRMATION_SHARE = 0.75
+KEPT_AFTER_SELECTION = 0.5
 
 # What one session arm costs against a plain arm, by its settings. A compiled arm compiles
 # in every process (from the warm cache): in demo runs I and J (2026-12-05) a pair with one
@@ -165,9 +168,9 @@ def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, 
 
     The first is confirmed; a second only when the first is not improved (taken as
     ``SECOND_CONFIRMATION_SHARE`` of the time); a kept change adds its held-out pairs
-    (taken as the typical share). ``pair_cost`` is a pair's two arms by ``arm_cost``.
+    (taken as ``KEPT_AFTER_SELECTION``). ``pair_cost`` is a pair's two arms by ``arm_cost``.
     """
     if selected <= 0:
         return 0.0
     confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
-    return pair_cost * (confirmations * confirm_pairs + TYPICAL_KEPT_SHARE * holdout_pairs)
+    return pair_cost * (confirmations * confirm_pairs + KEPT_AFTER_SELECTION * holdout_pairs)

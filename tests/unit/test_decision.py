@@ -37,25 +37,25 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
     search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2], "pin_memory": [False, True],
               "compile": ["off", "default", "max-autotune"]}
     kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4)
-    # amp: incumbent + 2 candidates, the typical 0.9 confirmations of 8 pairs, half a holdout of 6 pairs.
-    amp = 3 + 0.9 * 16 + 0.5 * 12
+    # amp: incumbent + 2 candidates, the typical 0.8 confirmations of 8 pairs, 0.36 of a holdout of 6 pairs.
+    amp = 3 + 0.8 * 16 + 0.36 * 12
     # num_workers: incumbent + 1 candidate, and at most one confirmation for one candidate.
-    workers = 2 + 0.9 * 16 + 0.5 * 12
+    workers = 2 + 0.8 * 16 + 0.36 * 12
     assert remaining_trials(["amp", "num_workers"], search, **kw) == pytest.approx(amp + workers + 12)
     # A knob that cannot apply on this device runs nothing.
     assert remaining_trials(["amp", "pin_memory"], search, skip=["pin_memory"], **kw) == pytest.approx(amp + 12)
     # batch_size: 8 probes, incumbent + 4 candidates.
-    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == pytest.approx(8 + 5 + 0.9 * 16 + 0.5 * 12 + 12)
+    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == pytest.approx(8 + 5 + 0.8 * 16 + 0.36 * 12 + 12)
     assert remaining_trials([], search, **kw) == 12
     # compile: a compiled arm at 2.6 plain arms, the incumbent plain; one cold-compile trial (10 arms)
-    # per compiled candidate; the final check's candidate compiles if compile is kept (half the time).
+    # per compiled candidate; the final check's candidate compiles if compile is kept (0.36 of the time).
     pair = 1 + 2.6
     assert remaining_trials(["compile"], search, **kw) == pytest.approx(
-        1 + 2 * 2.6 + (0.9 * 8 + 0.5 * 6) * pair + 2 * 10 + 6 * (1 + 1 + 0.5 * 1.6))
+        1 + 2 * 2.6 + (0.8 * 8 + 0.36 * 6) * pair + 2 * 10 + 6 * (1 + 1 + 0.36 * 1.6))
     # Once compile is adopted every later arm compiles, the final check's candidate arm too.
     on = {"compile": "default"}
     assert remaining_trials(["num_workers"], search, incumbent=on, **kw) == pytest.approx(
-        2.6 * (2 + 0.9 * 16 + 0.5 * 12) + 6 * (1 + 2.6))
+        2.6 * (2 + 0.8 * 16 + 0.36 * 12) + 6 * (1 + 2.6))
     assert remaining_trials([], search, incumbent=on, baseline=on, **kw) == pytest.approx(6 * 2 * 2.6)
     # After a screen: nothing selected leaves nothing; two selected, the second three times in four.
     assert remaining_in_knob(0, confirm_pairs=8, holdout_pairs=6) == 0
