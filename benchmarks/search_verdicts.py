@@ -6,13 +6,15 @@ confirmations on fresh pair sessions, held-out pairs, final check) through
 processes. Noise is the pair log-ratio sd of a session (0.06: live arms at one thread here;
 0.10: live arms at 2 threads on 2 cores; 0.165: fresh sequential processes).
 
-Printed per row: adoption of the change (the knob's kept value is the true one), false
-``improved`` per knob (A/A), mean sessions per search, and the mean reported speedup among
-kept changes with the coverage of their reported interval.
+Printed per row: adoption of the change (the knob's kept value is the true one), how often
+the recommended settings (``best.yaml``) hold it, false ``improved`` per knob (A/A), mean
+sessions per search, and the mean reported speedup among kept changes with the coverage of
+their reported interval.
 
 Usage:
     python benchmarks/search_verdicts.py [--reps 400] [--rule sequential|old|both] [--max-pairs 14 20]
         [--sd 0.06 0.10 0.165] [--min-speedup 0.03] [--rescreen-floor off 0.9] [--projection 0.99 off]
+        [--effects 1.0 1.05 1.10 1.25]
         (A/A rows always also at min_speedup 0)
 
 ``--projection`` sets the sequential rule's ``projection_confidence`` (the futility stop by
@@ -51,7 +53,7 @@ def use_projection(confidence: float | None) -> None:
 
 def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_speedup=0.03, max_pairs=20, old=False,
         rescreen_floor: float | None = RESCREEN_FLOOR):
-    adopted = false_wins = sessions = 0
+    adopted = recommended = false_wins = sessions = 0
     reported, covered = [], 0
     for seed in range(reps):
         measure = {"pairs": 6, "max_pairs": max_pairs, "confidence": 0.95, "min_speedup": min_speedup}
@@ -66,13 +68,14 @@ def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_s
         sessions += len(runner.sessions)
         if effect == 1.0:
             false_wins += any(d["verdict"] == "improved" for d in ds)
+        recommended += effect != 1.0 and doc["best"]["settings"]["num_workers"] == winner
         if kept and kept[0]["to"] == winner:
             adopted += 1
             reported.append(kept[0]["speedup"])
             covered += kept[0]["ci"][0] <= effect <= kept[0]["ci"][1]
     mean = f"{statistics.fmean(reported):.4f}" if reported else "—"
     cov = f"{covered / len(reported):.1%}" if reported else "—"
-    return adopted / reps, false_wins / reps, sessions / reps, mean, cov
+    return adopted / reps, recommended / reps, false_wins / reps, sessions / reps, mean, cov
 
 
 def main() -> None:
@@ -87,24 +90,25 @@ def main() -> None:
                     help="screen again the near misses above this ratio when none cleared the gate; 'off': never")
     ap.add_argument("--projection", nargs="+", default=["0.99"],
                     help="the rule's projection_confidence; 'off': no futility stop by projection")
+    ap.add_argument("--effects", type=float, nargs="+", default=[1.0, 1.05, 1.10, 1.25], help="true effects of the rows")
     args = ap.parse_args()
     floors = [None if f == "off" else float(f) for f in args.rescreen_floor]
     olds = {"sequential": (False,), "old": (True,), "both": (False, True)}[args.rule]
     tmp = Path(tempfile.mkdtemp())
     print(f"knob num_workers with candidates 1 and 2 (2 is the true change); pairs 6; {args.reps} searches per row")
-    print("| rule | projection | rescreen floor | max_pairs | pair sd | min_speedup | true effect | adopted | false improved | sessions | mean reported | coverage |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rule | projection | rescreen floor | max_pairs | pair sd | min_speedup | true effect | adopted | recommended | false improved | sessions | mean reported | coverage |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for old, projection in [(o, p) for o in olds for p in args.projection]:
         use_projection(None if projection == "off" else float(projection))
         for max_pairs in args.max_pairs:
             for sd in args.sd:
-                for effect in (1.0, 1.05, 1.10, 1.25):
+                for effect in args.effects:
                     for ms in (sorted({0.0, *args.min_speedup}) if effect == 1.0 else args.min_speedup):
                         for floor in floors:
-                            a, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
+                            a, r, f, s, m, c = row(tmp, args.reps, effect=effect, sd=sd, values=(0, 1, 2), winner=2,
                                                 min_speedup=ms, max_pairs=max_pairs, old=old, rescreen_floor=floor)
                             print(f"| {'old interval' if old else 'sequential'} | {projection} | {floor or 'off'} | {max_pairs} | {sd} | "
-                                  f"{ms} | {effect} | {a:.1%} | {f:.1%} | {s:.1f} | {m} | {c} |", flush=True)
+                                  f"{ms} | {effect} | {a:.1%} | {r:.1%} | {f:.1%} | {s:.1f} | {m} | {c} |", flush=True)
 
 
 if __name__ == "__main__":

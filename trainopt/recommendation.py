@@ -9,13 +9,16 @@ baseline until the final check. Hence, in order:
 
 1. ``final-check``: the final check said ``improved``: the final settings.
 2. ``first-kept-change``: otherwise the baseline plus the first kept change, unless
-   those are exactly the settings the final check measured and it found no evidence that
-   they beat the baseline at all (``regressed``, ``equivalent``, a failure, or an
-   interval reaching down to 1). When the final check measured exactly those settings
-   and its interval lies above 1 but not wholly above the margin (``inconclusive`` at 6
-   pairs, after a confirmation that said ``improved``), it repeats that comparison with
-   fewer pairs and agrees with it in direction: the confirmed change stands, and the
-   reason says so. For a search still running this is the best confirmed so far.
+   those are exactly the settings the final check measured and it contradicts their
+   confirmation (``regressed``, ``equivalent``, a failure, or an estimate at or below 1).
+   When the final check measured exactly those settings and found them faster but not
+   surely by the margin (``inconclusive`` with its estimate above 1), it measured the
+   confirmed comparison again with fewer pairs and agrees with it in direction: the
+   confirmed change stands, and the reason says so. Requiring that check's own interval
+   to clear 1 would drop most real +10 % wins: over 6 pairs the exact interval reaches
+   from about the smallest pair to the largest, and at this machine's pair noise that
+   reaches below 1 in about half the searches (``benchmarks/search_verdicts.py``,
+   column ``recommended``). For a search still running this is the best confirmed so far.
 3. ``baseline``: otherwise the baseline.
 
 Pure: plain data in, plain data out.
@@ -106,8 +109,8 @@ def recommend(
         first = kept[0]
         candidate = settings_after(baseline, first)
         tested_by_final = bool(final) and plan.settings_hash(candidate) == plan.settings_hash(final.get("settings") or {})
-        ci = final.get("ci") if final else None
-        agrees = tested_by_final and verdict == "inconclusive" and bool(ci) and ci[0] > 1.0
+        estimate = final.get("speedup") if final else None
+        agrees = tested_by_final and verdict == "inconclusive" and estimate is not None and estimate > 1.0
         if agrees:
             return Recommendation(
                 candidate, "first-kept-change",
