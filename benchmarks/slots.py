@@ -9,7 +9,7 @@ both runs' verdicts, which must agree.
 
 Usage (the figures need a quiet machine):
     python benchmarks/slots.py [--reps 1] [--pairs 6] [--max-pairs 12] [--confidence 0.9]
-        [--window-seconds 0.2] [--windows 4] [--latency-ms 1.0] [--workers 0 1 2] [--keep DIR]
+        [--window-seconds 0.2] [--windows 4] [--latency-ms 1.0] [--workers 0 1 2] [--keep DIR] [--more-knobs]
 
 It also times what the orchestrator spends storing one arm in the default SQLite store.
 """
@@ -32,7 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spec_data(args) -> dict:
-    """The planted input-bound search: num_workers 0 against 2 on a slow dataset."""
+    """The planted input-bound search: num_workers 0 against 2 on a slow dataset.
+
+    With ``--more-knobs`` it also tries ``prefetch_factor`` 4 and ``sync_every`` 8 after it:
+    a longer search with the same serial parts (baseline, start-up, final check).
+    """
     return {
         "name": "slots-bench",
         "device": "cpu",
@@ -41,7 +45,7 @@ def spec_data(args) -> dict:
         "loss": "cross_entropy",
         "optimizer": {"name": "sgd", "args": {"lr": 0.05}},
         "baseline": {"batch_size": 16, "threads": 1},
-        "search": {"num_workers": args.workers},
+        "search": {"num_workers": args.workers, **({"prefetch_factor": [None, 4], "sync_every": [1, 8]} if args.more_knobs else {})},
         "measure": {
             "warmup_steps": 3,
             "warmup_seconds": 0.2,
@@ -147,6 +151,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=1.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="the num_workers levels searched")
     ap.add_argument("--keep", type=Path, default=None, help="keep the output folders here")
+    ap.add_argument("--more-knobs", action="store_true", help="also search prefetch_factor and sync_every")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs at least two cores")
