@@ -164,10 +164,13 @@ class Search:
         holdout = holdout_pairs(m.confidence, m.interval)
         confirm = typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs)
         later = self.state.order[knobs_done + (1 if selected is not None else 0):]
+        final = max(m.pairs, holdout)
+        if not later:
+            final -= min(reusable, final)
         remaining = plan.remaining_trials(
-            later, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
-            final_pairs=max(m.pairs, holdout) - (0 if later else min(reusable, max(m.pairs, holdout))), batch_candidates=self.spec.batch_search.max_candidates,
-            skip=self._runs_nothing(later), incumbent=self._incumbent, baseline=self.spec.baseline,
+            later, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout, final_pairs=final,
+            batch_candidates=self.spec.batch_search.max_candidates, skip=self._runs_nothing(later),
+            incumbent=self._incumbent, baseline=self.spec.baseline,
         )
         if selected is not None:
             knob = self.state.order[knobs_done]
