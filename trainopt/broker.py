@@ -199,7 +199,7 @@ class TrialBroker:
                 for key, r, settings in zip(ask.keys(), cached, ask.arms):
                     self.state.reused += 1
                     self._note(key, self._meta(ask, r), r)
-                    self.progress.trial_reused(plan.arm_cost(settings))
+                    self.progress.trial_reused(plan.arm_cost(settings, ask.role))
                 info = cached[0].session or {}
                 results[j] = SessionResult(arms=cached, mode=info.get("mode", "sequential"), rounds=info.get("rounds", 0),
                                            note=info.get("note", ""))
@@ -237,10 +237,10 @@ class TrialBroker:
         # The ETA prices an arm in the search's own wall time: sessions that ran side by side
         # on several slots share the time they took, so each arm costs its share of the batch,
         # by its weight (a compiled arm takes longer than a plain one beside it).
-        per_cost = (time.monotonic() - t0) / max(1e-9, sum(plan.arm_cost(s) for a in asks for s in a.arms))
+        per_cost = (time.monotonic() - t0) / max(1e-9, sum(plan.arm_cost(s, a.role) for a in asks for s in a.arms))
         for ask, hs, result in zip(asks, handles, out):
             for i, (key, h, arm) in enumerate(zip(ask.keys(), hs, result.arms)):
-                cost = plan.arm_cost(ask.arms[i])
+                cost = plan.arm_cost(ask.arms[i], ask.role)
                 arm.session = {"id": f"{ask.role}/{ask.knob}/{ask.tag}", "arm": i, "arms": len(result.arms), "mode": result.mode,
                                "note": result.note, "rounds": result.rounds, "finished_s": round(time.time() - self.state.started, 3)}
                 meta = self._meta(ask, arm)

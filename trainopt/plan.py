@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Mapping, Sequence
 
 from trainopt import knobs
@@ -22,6 +23,9 @@ __all__ = [
     "settings_hash",
     "with_knob",
     "remaining_trials",
+    "remaining_in_knob",
+    "search_remaining",
+    "typical_batch_probes",
 ]
 
 # Above this share of step time spent waiting for the loader, training is input-bound.
@@ -80,8 +84,28 @@ def settings_hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(dict(settings), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-# Memory probes a batch-size stage usually takes (growth by doubling, then bisection).
+# Memory probes a batch-size stage usually takes (growth by doubling, then bisection)
+# when nothing else is known; ``typical_batch_probes`` counts them from the spec.
 TYPICAL_BATCH_PROBES = 8
+# Bisection probes after the first out-of-memory (5 % tolerance on multiples of 8: 4-5).
+TYPICAL_BISECTION_PROBES = 4
+
+
+def typical_batch_probes(start: int, maximum: int, memory_bound: bool) -> int:
+    """Probes the batch-size stage will likely run: doubling from ``start`` to ``maximum``,
+    plus the typical bisection where memory may run out (a GPU, or a memory cap).
+
+    Args:
+        start: The baseline's batch size.
+        maximum: The spec's ``search.batch_size.max``.
+        memory_bound: Whether a probe can fail for memory before the maximum.
+    """
+    from trainopt.batch import BatchSizeSearch
+
+    search = BatchSizeSearch(start=start, maximum=maximum)
+    while (size := search.next_probe()) is not None:
+        search.record(size, True)
+    return len(search.probes) + (TYPICAL_BISECTION_PROBES if memory_bound else 0)
 
 
 # For the ETA, before a knob's screen: confirmations per knob (the screen selects at most
@@ -101,11 +125,17 @@ KEPT_AFTER_SELECTION = 0.5
 # What one session arm costs against a plain arm, by its settings. A compiled arm compiles
 # in every process (from the warm cache): in demo runs I and J (2026-12-05) a pair with one
 # compiled arm took 8.6-10.6 s against 4.6-6.0 s for a plain pair of the same batch size, so
-# the compiled arm cost about 2.6 plain ones. Once compile is kept, every later arm compiles.
+# the compiled arm cost about 2.6 plain ones (2.4-2.8 over runs H-M). Once compile is kept,
+# every later arm compiles.
 COMPILED_ARM_COST = 2.6
-# The one-shot cold-compile trial, in plain arms: 49-64 s from a cold compiler cache and
-# 10 s from a warm one, against plain arms of about 2.7 s in those searches.
-COLD_COMPILE_COST = 10.0
+# What the other kinds of trial cost, in plain confirmation arms; per search the median
+# wall of each kind over the median plain confirmation arm's share, six demo searches (runs
+# H-M, benchmarks/eta_replay.py): the baseline, a one-shot fresh process with its own full
+# warm-up, 1.9-2.6; a batch probe 1.4-2.2; a screen arm 1.0-2.2 (larger batches and slow
+# candidates take longer over their warm-up steps); the one-shot cold-compile trial 14-16
+# from a cold compiler cache (3.7-4.4 from a warm one, for a search run again).
+ROLE_COST = {"baseline": 2.4, "probe": 1.8, "screen": 1.4}
+COLD_COMPILE_COST = 14.0
 
 
 def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "") -> float:
@@ -113,16 +143,19 @@ def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "") -> float
 
     Args:
         settings: The trial's settings (a compiled arm costs ``COMPILED_ARM_COST``).
-        role: ``cold-compile`` for the one-shot cold-compile trial.
+        role: The trial's role: ``cold-compile`` for the one-shot cold-compile trial,
+            the roles in ``ROLE_COST`` for the others that cost more than a plain arm.
     """
     if role == "cold-compile":
         return COLD_COMPILE_COST
-    return COMPILED_ARM_COST if settings and settings.get("compile", "off") != "off" else 1.0
+    compiled = COMPILED_ARM_COST if settings and settings.get("compile", "off") != "off" else 1.0
+    return max(compiled, ROLE_COST.get(role, 1.0))
 
 
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
-                     final_pairs: int, batch_candidates: int, skip: Sequence[str] = (),
-                     incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None) -> float:
+                     final_pairs: float, batch_candidates: int, skip: Sequence[str] = (),
+                     incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
+                     batch_probes: int = TYPICAL_BATCH_PROBES) -> float:
     """A rough count of the trial processes left (probes and session arms), for the ETA.
 
     Per knob: the screen session (incumbent and candidates), the typical number of
@@ -137,11 +170,12 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         search: The spec's search section (knob -> candidates).
         confirm_pairs: Pairs a confirmation typically takes (the rule's first look that can decide).
         holdout_pairs: Fresh pairs measured after an improved verdict.
-        final_pairs: Pairs of the final check.
+        final_pairs: Pairs of the final check (may be a fraction: an expected count).
         batch_candidates: Throughput candidates of the batch-size stage.
         skip: Knobs that run nothing (none of their values applies on this device).
         incumbent: The settings now adopted (default: nothing compiled).
         baseline: The baseline's settings, the final check's other arm (default: not compiled).
+        batch_probes: Memory probes of the batch-size stage (``typical_batch_probes``).
     """
     remaining = 0.0
     inc = arm_cost(incumbent)
@@ -151,12 +185,13 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
             continue
         if name == "batch_size":
             cands = batch_candidates
-            remaining += TYPICAL_BATCH_PROBES
+            remaining += batch_probes * arm_cost(incumbent, "probe")
         else:
             cands = max(1, len(search[name]) - 1)
         cand = arm_cost(compiled) if name == "compile" else inc
         confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
-        remaining += inc + cands * cand + (confirmations * confirm_pairs + TYPICAL_KEPT_SHARE * holdout_pairs) * (inc + cand)
+        screen = arm_cost(incumbent, "screen")
+        remaining += screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen) + (confirmations * confirm_pairs + TYPICAL_KEPT_SHARE * holdout_pairs) * (inc + cand)
         if name == "compile":
             remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
     final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
@@ -174,3 +209,53 @@ def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, 
         return 0.0
     confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
     return pair_cost * (confirmations * confirm_pairs + KEPT_AFTER_SELECTION * holdout_pairs)
+
+
+def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str, Any], *, confirm_pairs: int,
+                     holdout_pairs: int, final_pairs: int, batch_candidates: int, skip: Sequence[str] = (),
+                     incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
+                     selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES) -> float:
+    """Trial processes left in the whole search, in plain arms: what the progress ETA counts down.
+
+    The final check is counted as far as it is expected: it runs only when some change is
+    kept, and when exactly one is, its held-out pairs are reused instead. Each knob still
+    to decide keeps a change at ``TYPICAL_KEPT_SHARE`` (the current one, after its screen
+    selected some, at ``KEPT_AFTER_SELECTION``).
+
+    Args:
+        order: The search order of the knobs.
+        knobs_done: Knobs decided so far.
+        search: The spec's search section.
+        confirm_pairs: Pairs a confirmation typically takes.
+        holdout_pairs: Fresh pairs measured after an improved verdict.
+        final_pairs: Pairs of the final check.
+        batch_candidates: Throughput candidates of the batch-size stage.
+        skip: Knobs that run nothing on this device.
+        incumbent: The settings adopted so far.
+        baseline: The baseline's settings.
+        selected: After the current knob's screen: how many candidates it selected for
+            confirmation (the rest of that knob is then counted from it).
+        reusable: Held-out pairs of the one change kept so far, which the final check
+            reuses if no later knob keeps another.
+        batch_probes: Memory probes of the batch-size stage.
+    """
+    later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
+    keeps = [TYPICAL_KEPT_SHARE] * len(later)
+    if selected is not None:
+        keeps.append(KEPT_AFTER_SELECTION if selected > 0 else 0.0)
+    none = math.prod(1.0 - p for p in keeps)
+    if incumbent is not None and baseline is not None and settings_hash(incumbent) != settings_hash(baseline):
+        final = final_pairs - none * min(reusable, final_pairs)
+    else:
+        exactly_one = sum(p * none / (1.0 - p) for p in keeps if p < 1.0)
+        final = final_pairs * (1.0 - none) - exactly_one * min(holdout_pairs, final_pairs)
+    remaining = remaining_trials(
+        later, search, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, final_pairs=final,
+        batch_candidates=batch_candidates, incumbent=incumbent, baseline=baseline, batch_probes=batch_probes,
+    )
+    if selected is not None:
+        knob = order[knobs_done]
+        inc = arm_cost(incumbent)
+        cand = arm_cost({"compile": "default"}) if knob == "compile" else inc
+        remaining += remaining_in_knob(selected, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, pair_cost=inc + cand)
+    return remaining

@@ -163,21 +163,20 @@ class Search:
         m = self.spec.measure
         holdout = holdout_pairs(m.confidence, m.interval)
         confirm = typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs)
-        later = self.state.order[knobs_done + (1 if selected is not None else 0):]
-        final = max(m.pairs, holdout)
-        if not later:
-            final -= min(reusable, final)
-        remaining = plan.remaining_trials(
-            later, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout, final_pairs=final,
-            batch_candidates=self.spec.batch_search.max_candidates, skip=self._runs_nothing(later),
-            incumbent=self._incumbent, baseline=self.spec.baseline,
+        order = self.state.order
+        later = order[knobs_done + (1 if selected is not None else 0):]
+        remaining = plan.search_remaining(
+            order, knobs_done, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
+            final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
+            skip=self._runs_nothing(later), incumbent=self._incumbent, baseline=self.spec.baseline,
+            selected=selected, reusable=reusable, batch_probes=self._batch_probes(),
         )
-        if selected is not None:
-            knob = self.state.order[knobs_done]
-            inc = plan.arm_cost(self._incumbent)
-            cand = plan.arm_cost({"compile": "default"}) if knob == "compile" else inc
-            remaining += plan.remaining_in_knob(selected, confirm_pairs=confirm, holdout_pairs=holdout, pair_cost=inc + cand)
         self.progress.set_remaining(remaining)
+
+    def _batch_probes(self) -> int:
+        """Probes the batch-size stage will likely run (more where memory can run out)."""
+        capped = self.broker.device_type == "cuda" or self.spec.limits.memory_gb is not None
+        return plan.typical_batch_probes(int(self.spec.baseline.get("batch_size") or 1), self.spec.batch_search.max, capped)
 
     def _selected(self, count: int) -> None:
         self._update_eta(self._knob_index, selected=count)

@@ -37,25 +37,29 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
     search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2], "pin_memory": [False, True],
               "compile": ["off", "default", "max-autotune"]}
     kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4)
-    # amp: incumbent + 2 candidates, the typical 0.8 confirmations of 8 pairs, 0.36 of a holdout of 6 pairs.
-    amp = 3 + 0.8 * 16 + 0.36 * 12
+    # amp: incumbent + 2 candidates in the screen (1.4 arms each), the typical 0.8 confirmations
+    # of 8 pairs, 0.36 of a holdout of 6 pairs.
+    amp = 3 * 1.4 + 0.8 * 16 + 0.36 * 12
     # num_workers: incumbent + 1 candidate, and at most one confirmation for one candidate.
-    workers = 2 + 0.8 * 16 + 0.36 * 12
+    workers = 2 * 1.4 + 0.8 * 16 + 0.36 * 12
     assert remaining_trials(["amp", "num_workers"], search, **kw) == pytest.approx(amp + workers + 12)
     # A knob that cannot apply on this device runs nothing.
     assert remaining_trials(["amp", "pin_memory"], search, skip=["pin_memory"], **kw) == pytest.approx(amp + 12)
-    # batch_size: 8 probes, incumbent + 4 candidates.
-    assert remaining_trials(["batch_size"], {"batch_size": {}}, **kw) == pytest.approx(8 + 5 + 0.8 * 16 + 0.36 * 12 + 12)
+    # batch_size: its probes (1.8 arms each), incumbent + 4 candidates.
+    assert remaining_trials(["batch_size"], {"batch_size": {}}, batch_probes=4, **kw) == pytest.approx(
+        4 * 1.8 + 5 * 1.4 + 0.8 * 16 + 0.36 * 12 + 12)
     assert remaining_trials([], search, **kw) == 12
-    # compile: a compiled arm at 2.6 plain arms, the incumbent plain; one cold-compile trial (10 arms)
+    # The final check's pairs may be an expected, fractional count.
+    assert remaining_trials([], search, **{**kw, "final_pairs": 1.5}) == 3
+    # compile: a compiled arm at 2.6 plain arms, the incumbent plain; one cold-compile trial (14 arms)
     # per compiled candidate; the final check's candidate compiles if compile is kept (0.36 of the time).
     pair = 1 + 2.6
     assert remaining_trials(["compile"], search, **kw) == pytest.approx(
-        1 + 2 * 2.6 + (0.8 * 8 + 0.36 * 6) * pair + 2 * 10 + 6 * (1 + 1 + 0.36 * 1.6))
+        1.4 + 2 * 2.6 + (0.8 * 8 + 0.36 * 6) * pair + 2 * 14 + 6 * (1 + 1 + 0.36 * 1.6))
     # Once compile is adopted every later arm compiles, the final check's candidate arm too.
     on = {"compile": "default"}
     assert remaining_trials(["num_workers"], search, incumbent=on, **kw) == pytest.approx(
-        2.6 * (2 + 0.8 * 16 + 0.36 * 12) + 6 * (1 + 2.6))
+        2.6 * 2 + 2.6 * (0.8 * 16 + 0.36 * 12) + 6 * (1 + 2.6))
     assert remaining_trials([], search, incumbent=on, baseline=on, **kw) == pytest.approx(6 * 2 * 2.6)
     # After a screen: nothing selected leaves nothing; two selected, the second three times in four.
     assert remaining_in_knob(0, confirm_pairs=8, holdout_pairs=6) == 0
@@ -64,12 +68,52 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
     assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6, pair_cost=pair) == pytest.approx(pair * (8 + 0.5 * 6))
 
 
+def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_to_run():
+    from trainopt.plan import remaining_trials, search_remaining
+
+    search = {"amp": ["off", "bf16"], "num_workers": [0, 2]}
+    order = ["amp", "num_workers"]
+    base = {"batch_size": 32, "amp": "off", "num_workers": 0}
+    kept = {**base, "amp": "bf16"}
+    kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4, baseline=base)
+    knob = remaining_trials(["num_workers"], search, **{**kw, "final_pairs": 0})
+    # Nothing kept and no knob left: no final check at all.
+    assert search_remaining(order, 2, search, incumbent=base, **kw) == 0
+    # Nothing kept, one knob left: a final check only if it keeps a change (0.36), and then the
+    # one kept change's held-out pairs are the final check: nothing more to measure.
+    assert search_remaining(order, 1, search, incumbent=base, **kw) == pytest.approx(knob + 2 * (6 * 0.36 - 0.36 * 6))
+    # One change kept with 6 reusable held-out pairs: the final check adds pairs only if the
+    # last knob keeps another change.
+    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob + 2 * (6 - 0.64 * 6))
+    assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **kw) == 0
+    # Two kept changes (nothing reusable): the final check's 6 pairs are sure.
+    assert search_remaining(order, 2, search, incumbent=kept, **kw) == 12
+    # After the last knob's screen selected one candidate: its confirmation and maybe its held-out
+    # pairs, and a final check kept at half (nothing kept before it).
+    after = search_remaining(order, 1, search, incumbent=base, selected=1, **kw)
+    assert after == pytest.approx(2 * (8 + 0.5 * 6) + 2 * (6 * 0.5 - 0.5 * 6))
+    assert search_remaining(order, 1, search, incumbent=base, selected=0, **kw) == 0
+
+
+def test_the_batch_stage_is_expected_to_double_up_to_its_maximum_and_bisect_where_memory_runs_out():
+    from trainopt.plan import TYPICAL_BISECTION_PROBES, typical_batch_probes
+
+    assert typical_batch_probes(32, 256, memory_bound=False) == 4  # 32, 64, 128, 256
+    assert typical_batch_probes(32, 1000, memory_bound=False) == 6  # 32 ... 512, then 1000
+    assert typical_batch_probes(32, 32, memory_bound=False) == 1
+    assert typical_batch_probes(32, 256, memory_bound=True) == 4 + TYPICAL_BISECTION_PROBES
+
+
 def test_a_compiled_arm_costs_more_than_a_plain_one_and_the_cold_compile_trial_most():
     from trainopt.plan import arm_cost
 
     plain, compiled = arm_cost({"compile": "off"}), arm_cost({"compile": "max-autotune"})
     assert plain == 1.0 and compiled == 2.6 and arm_cost(None) == 1.0
-    assert arm_cost({"compile": "default"}, role="cold-compile") == 10.0
+    assert arm_cost({"compile": "default"}, role="cold-compile") == 14.0
+    # One-shot trials and screen arms cost more than a plain confirmation arm; a compiled arm
+    # costs what it costs whatever its role.
+    assert arm_cost(None, "baseline") == 2.4 and arm_cost(None, "probe") == 1.8 and arm_cost(None, "screen") == 1.4
+    assert arm_cost({"compile": "default"}, "screen") == 2.6 and arm_cost(None, "confirm") == 1.0
 
 
 def test_typical_confirmation_pairs_lie_between_the_first_look_and_the_budget():

@@ -1,0 +1,138 @@
+"""Replay finished searches through today's ETA: how close would it have been?
+
+The ETA is a count of remaining trial processes (``plan.search_remaining``) times the
+recent cost of one (``ConsoleProgress``). This script takes the output folders of finished
+searches, feeds their trials in the order they ran to a ``ConsoleProgress`` and calls
+``plan.search_remaining`` at the points where ``Search`` calls it (after the baseline, after
+each knob's screen with the number it selected, after each knob), so a change to either
+is judged on searches that really ran, without running them again. It prints, per search,
+how many progress lines with more than a minute left had an ETA within 25 % of the time
+that actually remained, and the median error.
+
+Usage:
+    python benchmarks/eta_replay.py OUT_DIR [OUT_DIR ...] [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainopt import plan  # noqa: E402
+from trainopt.progress import ConsoleProgress  # noqa: E402
+from trainopt.sequential import SequentialRule, holdout_pairs, typical_pairs  # noqa: E402
+from trainopt.spec import load_spec  # noqa: E402
+
+
+def _events(out: Path, doc: dict) -> list[dict]:
+    """The search's trials in the order they finished, with time, cost and wall share."""
+    trials = sorted((t for t in doc["trials"] if t.get("log")), key=lambda t: t["id"])
+    sessions: dict[str, list[dict]] = {}
+    for t in trials:
+        if t.get("session"):
+            sessions.setdefault(t["session"]["id"], []).append(t)
+    events, clock = [], 0.0
+    for t in trials:
+        result = json.loads((out / "trials" / (Path(t["log"]).stem + ".result.json")).read_text())
+        cost = plan.arm_cost(t["settings"], t["role"])
+        if t.get("session"):
+            span = result["env"].get("session_span") or [0.0, t.get("wall_s") or 0.0]
+            arms = sessions[t["session"]["id"]]
+            weight = sum(plan.arm_cost(a["settings"], a["role"]) for a in arms)
+            wall = (span[1] - span[0]) * cost / weight
+            clock = t["session"]["finished_s"]
+        else:
+            wall = t.get("wall_s") or 0.0
+            clock += wall
+        events.append({"trial": t, "cost": cost, "wall": wall, "t": clock})
+    return events
+
+
+def replay(out: Path, verbose: bool = False) -> dict:
+    """Replay one finished search; return its ETA errors."""
+    doc = json.loads((out / "results.json").read_text())
+    spec = load_spec(out / "spec.resolved.yaml")
+    m = spec.measure
+    hold = holdout_pairs(m.confidence, m.interval)
+    counts = dict(
+        confirm_pairs=typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs), holdout_pairs=hold,
+        final_pairs=max(m.pairs, hold), batch_candidates=spec.batch_search.max_candidates,
+    )
+    capped = doc["baseline"].get("env", {}).get("device_type") == "cuda" if isinstance(doc.get("baseline"), dict) else False
+    counts["batch_probes"] = plan.typical_batch_probes(int(spec.baseline.get("batch_size") or 1), spec.batch_search.max,
+                                                       capped or spec.limits.memory_gb is not None)
+    order = doc["search_order"]
+    events = _events(out, doc)
+    ran = {e["trial"]["knob"] for e in events}
+    skip = [k for k in order if k not in ran]
+    selected = {k: max([d.get("extra", {}).get("confirmed_with", 0) for d in doc["decisions"] if d["knob"] == k] or [0])
+                for k in order}
+    kept = [d for d in doc["decisions"] if d.get("kept")]
+    progress = ConsoleProgress(quiet=True, stream=io.StringIO())
+    incumbent = dict(spec.baseline)
+    end = doc["elapsed_s"]
+    points = []
+
+    def update(done: int, sel: int | None = None) -> None:
+        kept_now = [d for d in kept if d["knob"] in order[:done]]
+        progress.set_remaining(plan.search_remaining(
+            order, done, spec.search, skip=[k for k in skip if order.index(k) >= done], incumbent=incumbent,
+            baseline=spec.baseline, selected=sel, reusable=hold if len(kept_now) == 1 else 0, **counts))
+
+    index = -1
+    for i, e in enumerate(events):
+        t = e["trial"]
+        knob, role = t["knob"], t["role"]
+        if knob in order and order.index(knob) != index:
+            while index < order.index(knob):
+                index += 1
+                if index > 0:
+                    incumbent.update({d["knob"]: d["to"] for d in kept if d["knob"] == order[index - 1]})
+                    update(index)
+        if role == "confirm" and not any(x["trial"]["knob"] == knob and x["trial"]["role"] == "confirm" for x in events[:i]):
+            update(index, selected[knob])
+        result = SimpleNamespace(status=t["status"], samples_per_s=t["samples_per_s"], error=t["error"], wall_s=t["wall_s"])
+        progress.trial_finished(result, wall_s=e["wall"], cost=e["cost"])
+        if knob == "baseline":
+            update(0)
+        nxt = events[i + 1]["trial"] if i + 1 < len(events) else None
+        if knob in order and role in ("screen", "probe") and (nxt is None or nxt["knob"] != knob) and selected[knob] == 0:
+            update(index, 0)
+        eta = progress._eta()
+        points.append((e["t"], eta, end - e["t"], f"{knob} {role}"))
+    errs = [eta / left - 1 for _, eta, left, _ in points if eta is not None and left > 60]
+    good = sum(abs(x) <= 0.25 for x in errs)
+    if verbose:
+        step = max(1, len(points) // 20)
+        for t, eta, left, what in points[::step]:
+            print(f"   {t:6.0f} s  ETA {eta or 0:5.0f}  left {left:5.0f}  {what}")
+    return {"wall": end, "lines": len(errs), "within": good, "median": statistics.median(errs) if errs else None,
+            "abs": statistics.median(abs(x) for x in errs) if errs else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outs", nargs="+", type=Path)
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    total = within = 0
+    abs_errs = []
+    for out in args.outs:
+        r = replay(out, args.verbose)
+        total += r["lines"]
+        within += r["within"]
+        abs_errs.append(r["abs"])
+        print(f"{out}: wall {r['wall']:.0f} s; lines with >60 s left {r['lines']}; within ±25 % {r['within']}; "
+              f"median error {r['median']:+.0%}; median |error| {r['abs']:.0%}")
+    print(f"all: {within} of {total} lines within ±25 %; median of the searches' median |error| {statistics.median(abs_errs):.0%}")
+
+
+if __name__ == "__main__":
+    main()
