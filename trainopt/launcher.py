@@ -8,8 +8,10 @@ starts in well under a second and builds its own model, loader workers and compi
 
 The orchestrator talks to it over one Unix socket (the inherited descriptor ``FD``):
 
-- ``{"op": "spawn"}`` with two descriptors attached (the arm's control socket and its
-  log file) -> ``{"pid": PID}``. The child leads a new session (own process group, so
+- ``{"op": "spawn", "preload": [MODULE, ...]}`` with two descriptors attached (the arm's
+  control socket and its log file) -> ``{"pid": PID}``. The modules named (optional;
+  ``COMPILER`` for an arm that compiles) are imported here first, once, so every later arm
+  that needs them finds them imported. The child leads a new session (own process group, so
   the orchestrator can pause it and its loader workers with one ``killpg``), writes
   stdout and stderr to the log, and serves ``trainopt.arm`` on the control socket.
 - ``{"op": "wait", "pid": PID}`` -> ``{"pid": PID, "returncode": RC}`` after the child
@@ -29,11 +31,16 @@ import signal
 import socket
 import sys
 
-__all__ = ["main", "PRELOAD", "die_with_parent", "PARENT_ENV", "expected_parent"]
+__all__ = ["main", "PRELOAD", "COMPILER", "die_with_parent", "PARENT_ENV", "expected_parent"]
 
 # Imported before the first fork: everything a trial process needs that is slow to import.
 PRELOAD = ("torch", "torch._dynamo", "trainopt.measure", "trainopt.workloads", "trainopt.worker",
            "trainopt.fingerprint", "trainopt.arm")
+# Imported on the first request for an arm that compiles: about 1 s of every compiled arm's
+# start (measured 4.7-4.9 s to the first compiled step of the demo's model from a warm
+# compiler cache, 3.4-3.9 s with these imported before the fork). Not in PRELOAD, since a
+# search without compile would pay the import for nothing. It starts no threads.
+COMPILER = ("torch._inductor.compile_fx",)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -176,6 +183,7 @@ def _serve(server: socket.socket, arms: set[int]) -> None:
         msg = json.loads(data)
         if msg["op"] == "spawn":
             control_fd, log_fd = fds
+            _preload(msg.get("preload") or ())
             pid = os.fork()
             if pid == 0:
                 _child(control_fd, log_fd, server)
@@ -198,6 +206,18 @@ def _serve(server: socket.socket, arms: set[int]) -> None:
                 os.close(fd)
             reply = {"error": f"unknown op {msg.get('op')!r}"}
         server.sendall(json.dumps(reply).encode())
+
+
+def _preload(names) -> None:
+    """Import the modules an arm asked for before it is forked (a failed import is the arm's to report)."""
+    import importlib
+
+    for name in names:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the arm imports it again and fails with a traceback in its log
+                pass
 
 
 def _end() -> None:

@@ -81,6 +81,7 @@ __all__ = [
     "RAM_HEADROOM",
     "HOPELESS",
     "hopeless_arms",
+    "arm_preload",
 ]
 
 # Share of the device's memory the arms' peaks may fill together: the caching allocator
@@ -232,6 +233,14 @@ def hopeless_arms(first_rates: Sequence[float | None], floor: float = HOPELESS) 
     return [i for i, r in enumerate(first_rates) if i and r is not None and r < floor * base]
 
 
+def arm_preload(request: TrialRequest) -> tuple[str, ...]:
+    """Modules the launcher imports before forking this request's arm (the compiler for a compiled one)."""
+    from trainopt.apply import compile_mode
+    from trainopt.launcher import COMPILER
+
+    return COMPILER if compile_mode({"compile": request.settings.get("compile", "off")})[0] else ()
+
+
 def window_timeout(timeout_s: float, window_s: float) -> float:
     """How long one timed window may take before its arm counts as hung.
 
@@ -374,8 +383,11 @@ class _Launcher:
             raise RuntimeError("the arm launcher ended unexpectedly")
         return json.loads(reply)
 
-    def spawn(self, control_fd: int, log_fd: int) -> int:
-        return int(self._ask({"op": "spawn"}, [control_fd, log_fd])["pid"])
+    def spawn(self, control_fd: int, log_fd: int, preload: Sequence[str] = ()) -> int:
+        message: dict[str, Any] = {"op": "spawn"}
+        if preload:
+            message["preload"] = list(preload)
+        return int(self._ask(message, [control_fd, log_fd])["pid"])
 
     def wait(self, pid: int) -> int:
         return int(self._ask({"op": "wait", "pid": pid})["returncode"])
@@ -420,14 +432,14 @@ def _is_gone(pid: int) -> bool:
 class _Arm:
     """The orchestrator's handle on one live arm."""
 
-    def __init__(self, index: int, launcher: _Launcher, log_path: Path):
+    def __init__(self, index: int, launcher: _Launcher, log_path: Path, preload: Sequence[str] = ()):
         self.index = index
         self.launcher = launcher
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            self.pid = launcher.spawn(theirs.fileno(), log_fd)
+            self.pid = launcher.spawn(theirs.fileno(), log_fd, preload)
         finally:
             os.close(log_fd)
             theirs.close()
@@ -648,7 +660,7 @@ class InterleavedSessionRunner:
             by_index: dict[int, _Arm] = {}
             for i in started:
                 t0 = time.perf_counter()
-                arm = _Arm(i, launcher, Path(log_paths[i]))
+                arm = _Arm(i, launcher, Path(log_paths[i]), arm_preload(requests[i]))
                 by_index[i] = arm
                 arms.append(arm)
                 if self.cpus:

@@ -292,3 +292,31 @@ def test_an_arm_far_slower_than_the_incumbent_stops_after_one_window(tmp_path):
     assert len(slow.windows) == 1 and len(fast.windows) == 4 and len(near.windows) == 4
     assert all(1 not in order for order in result.order[1:])
     assert f"arm 1 ran below {HOPELESS:.2f}x the incumbent" in result.note
+
+
+def test_the_launcher_imports_what_an_arm_asks_for_once_before_forking_it(tmp_path):
+    # A compiled arm's launcher request names the compiler's modules: they must be imported
+    # in the launcher (once, by the first such request) so later arms are forked with them.
+    import socket
+
+    from trainopt.session import _Launcher
+
+    probe = tmp_path / "imports.txt"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{FIXTURES}", TRAINOPT_IMPORT_PROBE=str(probe),
+               TRAINOPT_LAUNCHER_PARENT=str(os.getpid()))
+    launcher = _Launcher(env, [sys.executable])
+    try:
+        pids = []
+        for preload in ((), ("import_probe",), ("import_probe",)):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            log_fd = os.open(tmp_path / f"arm{len(pids)}.log", os.O_WRONLY | os.O_CREAT, 0o644)
+            pids.append(launcher.spawn(theirs.fileno(), log_fd, preload))
+            os.close(log_fd)
+            theirs.close()
+            if len(pids) == 1:
+                assert not probe.exists()
+            ours.close()  # the arm sees its control socket close and ends
+            launcher.wait(pids[-1])
+        assert probe.read_text().split() == [str(launcher.proc.pid)]
+    finally:
+        launcher.close()

@@ -12,6 +12,7 @@ from trainopt.protocol import TrialRequest, TrialResult
 from trainopt.session import (
     SequentialSessionRunner,
     SessionResult,
+    arm_preload,
     arm_result,
     classify_reply,
     fallback_reason,
@@ -197,3 +198,15 @@ def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
     assert rewarm_for(REWARM_SHARE * 0.5 + 0.01, 0.5, 1) == 0
     assert rewarm_for(1.2, 0.5, 1) == 0
     assert rewarm_for(0.01, 0.5, 0) == 0
+
+
+def test_only_a_compiled_arm_asks_the_launcher_for_the_compiler():
+    from trainopt.launcher import COMPILER
+
+    def request(compile_value):
+        return TrialRequest(spec={}, source_dir=".", settings={"compile": compile_value}, mode="measure",
+                            result_path="r.json", trial_id="t")
+
+    assert arm_preload(request("off")) == ()
+    assert arm_preload(request("default")) == COMPILER == ("torch._inductor.compile_fx",)
+    assert arm_preload(request("max-autotune")) == COMPILER
