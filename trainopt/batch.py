@@ -8,6 +8,15 @@ the exact sequence is testable with a fake oracle::
     32 fits, 64 fits, 128 fits, 256 fits, 512 fails      (grow x2)
     384 fails, 320 fails, 288 fits, 304 fails, 296 fits  (bisect on multiples of 8, to within 5 %)
     largest fitting 296, with a 10 % margin -> 264       (rounded down to a multiple of 8)
+
+Where memory can only run out far above any batch worth trying (a CPU without a memory
+cap), ``max_first`` probes the maximum first: one probe instead of a doubling ladder that
+only shows what the maximum's probe shows (memory grows with the batch). If the maximum
+fails after all, the same ladder follows, so the answer is the same at the cost of one
+probe more::
+
+    max_first, start 32, max 256, memory fits everything:  256 fits              (1 probe)
+    max_first, start 32, max 1024, fits up to 300:          1024 fails, then as above
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ class BatchSizeSearch:
             (or when no probe size is left between the fitting and the failing size).
         multiple: Bisection probes are multiples of this once they are at least this large
             (kernels and tensor cores prefer aligned sizes); below it, every integer.
+        max_first: Probe ``maximum`` before anything else and stop if it fits; the start
+            itself is then not probed (it is the incumbent, measured already).
     """
 
     start: int
@@ -54,6 +65,7 @@ class BatchSizeSearch:
     margin: float = 0.1
     tolerance: float = 0.05
     multiple: int = 8
+    max_first: bool = False
     probes: list[Probe] = field(default_factory=list)
     _fit: int | None = None
     _fail: int | None = None
@@ -73,10 +85,17 @@ class BatchSizeSearch:
         5 % or within one multiple (8) of the edge, whichever is larger; below 8 it is
         exact.
         """
+        ceiling = self.max_first and self.maximum > self.start
         if not self.probes:
+            return self.maximum if ceiling else self.start
+        if ceiling and self._fit is None and [p.size for p in self.probes] == [self.maximum]:
+            # The maximum failed: the ordinary ladder from the start.
             return self.start
-        if self._fail is None:
-            # Still growing: double until the maximum.
+        # Growing: until a failure, or (maximum probed first and failed) while the next
+        # doubling stays below it; the maximum is never probed twice.
+        growing = self._fail is None or (ceiling and self._fail == self.maximum and self._fit is not None
+                                         and self._fit * 2 < self.maximum)
+        if growing:
             if self._fit is None or self._fit >= self.maximum:
                 return None
             return min(self._fit * 2, self.maximum)

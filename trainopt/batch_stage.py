@@ -39,7 +39,8 @@ def run_batch_stage(spec: Any, stage: KnobStage, incumbent: dict[str, Any], data
     bs = spec.batch_search
     eff = spec.limits.effective_batch
     maximum = min(bs.max, dataset_len) if dataset_len else bs.max
-    finder = batch_mod.BatchSizeSearch(start=incumbent["batch_size"], maximum=maximum, margin=bs.margin)
+    finder = batch_mod.BatchSizeSearch(start=incumbent["batch_size"], maximum=maximum, margin=bs.margin,
+                                       max_first=not plan.memory_bound(stage.broker.device_type, spec.limits.memory_gb))
     probes = []
     while (size := finder.next_probe()) is not None:
         settings = plan.with_knob(incumbent, "batch_size", size)

@@ -26,6 +26,7 @@ __all__ = [
     "remaining_in_knob",
     "search_remaining",
     "typical_batch_probes",
+    "memory_bound",
 ]
 
 # Above this share of step time spent waiting for the loader, training is input-bound.
@@ -91,18 +92,28 @@ TYPICAL_BATCH_PROBES = 8
 TYPICAL_BISECTION_PROBES = 4
 
 
+def memory_bound(device_type: str | None, memory_gb: float | None) -> bool:
+    """Whether a batch-size probe can fail for memory below the spec's maximum.
+
+    On a GPU, or under ``limits.memory_gb``, memory is what bounds the batch; on a CPU
+    without a cap the host's RAM is far above what the batch sizes worth trying need, so
+    the batch stage probes the maximum first (``BatchSizeSearch.max_first``).
+    """
+    return device_type == "cuda" or memory_gb is not None
+
+
 def typical_batch_probes(start: int, maximum: int, memory_bound: bool) -> int:
-    """Probes the batch-size stage will likely run: doubling from ``start`` to ``maximum``,
-    plus the typical bisection where memory may run out (a GPU, or a memory cap).
+    """Probes the batch-size stage will likely run: the maximum alone where memory is not
+    the bound; else doubling from ``start`` to ``maximum`` plus the typical bisection.
 
     Args:
         start: The baseline's batch size.
         maximum: The spec's ``search.batch_size.max``.
-        memory_bound: Whether a probe can fail for memory before the maximum.
+        memory_bound: Whether a probe can fail for memory before the maximum (``memory_bound()``).
     """
     from trainopt.batch import BatchSizeSearch
 
-    search = BatchSizeSearch(start=start, maximum=maximum)
+    search = BatchSizeSearch(start=start, maximum=maximum, max_first=not memory_bound)
     while (size := search.next_probe()) is not None:
         search.record(size, True)
     return len(search.probes) + (TYPICAL_BISECTION_PROBES if memory_bound else 0)

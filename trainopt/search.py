@@ -175,7 +175,7 @@ class Search:
 
     def _batch_probes(self) -> int:
         """Probes the batch-size stage will likely run (more where memory can run out)."""
-        capped = self.broker.device_type == "cuda" or self.spec.limits.memory_gb is not None
+        capped = plan.memory_bound(self.broker.device_type, self.spec.limits.memory_gb)
         return plan.typical_batch_probes(int(self.spec.baseline.get("batch_size") or 1), self.spec.batch_search.max, capped)
 
     def _selected(self, count: int) -> None:

@@ -83,3 +83,39 @@ def test_throughput_candidates():
     assert len(throughput_candidates(32, 1024, max_candidates=3)) == 3
     assert throughput_candidates(32, 256, effective_batch=256) == [64, 128, 256]
     assert throughput_candidates(64, 64) == []
+
+
+def test_max_first_stops_after_one_probe_when_the_maximum_fits():
+    s = BatchSizeSearch(start=32, maximum=256, max_first=True)
+    assert run(s, 10**9) == [256]
+    assert s.largest_fitting == s.safe_maximum == 256
+
+
+def test_max_first_that_fails_follows_the_ordinary_ladder_with_one_probe_more():
+    s = BatchSizeSearch(start=32, maximum=1024, margin=0.1, max_first=True)
+    assert run(s, 300) == [1024, 32, 64, 128, 256, 512, 384, 320, 288, 304, 296]
+    assert s.largest_fitting == 296 and s.safe_maximum == 264
+    # Just below the maximum: the doubling would reach the maximum, which already failed.
+    plain = run(BatchSizeSearch(start=32, maximum=1024, margin=0.0), 700)
+    s = BatchSizeSearch(start=32, maximum=1024, margin=0.0, max_first=True)
+    assert plain[5] == 1024 and run(s, 700) == [1024, *plain[:5], *plain[6:]]
+    assert s.largest_fitting == 672
+    # The start itself does not fit: back off by halves from it.
+    s = BatchSizeSearch(start=64, maximum=1024, max_first=True)
+    assert run(s, 10) == [1024, 64, 32, 16, 8]
+    # Start at the maximum: nothing to probe first.
+    s = BatchSizeSearch(start=256, maximum=256, max_first=True)
+    assert run(s, 10**9) == [256]
+
+
+@pytest.mark.parametrize("start", [1, 3, 8, 9, 13, 32])
+@pytest.mark.parametrize("limit", [0, 1, 2, 5, 7, 9, 15, 33, 100, 257, 777, 1000, 4095, 4096, 10**6])
+def test_max_first_finds_the_same_largest_fitting_size(start, limit):
+    plain = BatchSizeSearch(start=start, maximum=4096, margin=0.0)
+    first = BatchSizeSearch(start=start, maximum=4096, margin=0.0, max_first=True)
+    a, b = run(plain, limit), run(first, limit)
+    assert first.largest_fitting == plain.largest_fitting
+    assert len(b) <= len(a) + 1
+    assert len(set(b)) == len(b), "no size is probed twice"
+    if limit >= 4096:
+        assert b == [4096]

@@ -95,13 +95,16 @@ def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_t
     assert search_remaining(order, 1, search, incumbent=base, selected=0, **kw) == 0
 
 
-def test_the_batch_stage_is_expected_to_double_up_to_its_maximum_and_bisect_where_memory_runs_out():
-    from trainopt.plan import TYPICAL_BISECTION_PROBES, typical_batch_probes
+def test_the_batch_stage_is_expected_to_probe_the_maximum_alone_or_double_and_bisect_where_memory_runs_out():
+    from trainopt.plan import TYPICAL_BISECTION_PROBES, memory_bound, typical_batch_probes
 
-    assert typical_batch_probes(32, 256, memory_bound=False) == 4  # 32, 64, 128, 256
-    assert typical_batch_probes(32, 1000, memory_bound=False) == 6  # 32 ... 512, then 1000
+    assert typical_batch_probes(32, 256, memory_bound=False) == 1  # 256 first, and it fits
+    assert typical_batch_probes(32, 1000, memory_bound=False) == 1
     assert typical_batch_probes(32, 32, memory_bound=False) == 1
-    assert typical_batch_probes(32, 256, memory_bound=True) == 4 + TYPICAL_BISECTION_PROBES
+    assert typical_batch_probes(32, 256, memory_bound=True) == 4 + TYPICAL_BISECTION_PROBES  # 32, 64, 128, 256
+    assert typical_batch_probes(32, 1000, memory_bound=True) == 6 + TYPICAL_BISECTION_PROBES  # 32 ... 512, 1000
+    assert memory_bound("cuda", None) and memory_bound("cpu", 2.0) and memory_bound(None, 2.0)
+    assert not memory_bound("cpu", None)
 
 
 def test_a_compiled_arm_costs_more_than_a_plain_one_and_the_cold_compile_trial_most():

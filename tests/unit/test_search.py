@@ -130,11 +130,32 @@ def test_batch_stage_backs_off_from_oom_and_adopts_the_fastest_not_the_largest(t
     search, _ = make_search(tmp_path, runner, {"batch_size": {"max": 1024}})
     doc = search.run()
     b = doc["batch_size"]
-    assert [p["size"] for p in b["probes"]] == [16, 32, 64, 128, 256, 512, 384, 320, 288, 304, 296]
+    # A CPU without a memory cap: the maximum is probed first; it fails, so the ladder follows.
+    assert [p["size"] for p in b["probes"]] == [1024, 16, 32, 64, 128, 256, 512, 384, 320, 288, 304, 296]
     assert b["max_fitting"] == 296 and b["safe_max"] == 264
     assert [p["fits"] for p in b["probes"]][-2:] == [False, True]
     assert doc["best"]["settings"]["batch_size"] == 64
     assert "learning rate" in b["lr_hint"]
+
+
+def test_batch_stage_on_an_uncapped_cpu_probes_only_the_maximum_when_it_fits(tmp_path):
+    runner = FakeRunner({("batch_size", 256): 1.3})
+    search, _ = make_search(tmp_path, runner, {"batch_size": {"max": 256}})
+    doc = search.run()
+    assert [p["size"] for p in doc["batch_size"]["probes"]] == [256]
+    assert [r.settings["batch_size"] for r in runner.requests if r.mode == "probe"] == [256]
+    assert doc["batch_size"]["max_fitting"] == doc["batch_size"]["safe_max"] == 256
+    # Every power of two above the incumbent is still a candidate: memory grows with the batch.
+    assert sorted({d["to"] for d in doc["decisions"] if d["knob"] == "batch_size"}) == [32, 64, 128, 256]
+
+
+def test_under_a_memory_cap_the_batch_stage_doubles_from_the_incumbent(tmp_path):
+    runner = FakeRunner()
+    spec = spec_from_dict(tiny_spec_dict(search={"batch_size": {"max": 256}}, limits={"memory_gb": 4.0},
+                                         measure={"pairs": 4, "max_pairs": 8}), "t.yaml", tmp_path)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    doc = Search(spec, tmp_path, runner, store).run()
+    assert [p["size"] for p in doc["batch_size"]["probes"]] == [16, 32, 64, 128, 256]
 
 
 def test_effective_batch_is_kept_with_grad_accum(tmp_path):
