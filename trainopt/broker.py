@@ -252,33 +252,45 @@ class TrialBroker:
 
     @staticmethod
     def _detail(ask: SessionAsk) -> str:
-        values = [str(s.get(ask.knob)) for s in ask.arms if ask.knob in s]
-        return f"{ask.knob}=" + " vs ".join(values) if values else ""
+        arms = ask.arms
+        # A held-out session's third arm is the baseline (``KnobStage._holdout``).
+        third = ask.role == "holdout" and len(arms) == 3
+        values = [str(s.get(ask.knob)) for s in (arms[:2] if third else arms) if ask.knob in s]
+        return (f"{ask.knob}=" + " vs ".join(values) + (", and the baseline" if third else "")) if values else ""
 
     @staticmethod
     def _meta(ask: SessionAsk, result: TrialResult | None) -> dict[str, Any]:
         return {"stage": ask.stage, "knob": ask.knob, "role": ask.role, "tag": ask.tag, "mode": "measure"}
 
     def pair_sessions(self, incumbent: dict[str, Any], candidate: dict[str, Any], *, stage: str, knob: str, role: str,
-                      planned: Callable[[int], int], exclusive: bool = False) -> Callable[[int], Pair]:
+                      planned: Callable[[int], int], exclusive: bool = False,
+                      extra: dict[str, Any] | None = None) -> Callable[[int], Pair]:
         """A ``next_pair`` for ``confirmation.confirm`` from fresh two-arm sessions [incumbent, candidate].
 
         Asked for pair ``i``, it measures every pair up to ``planned(i)`` at once (the
         rule's next look: the rule cannot stop before it, so those pairs are needed
         anyway), which lets an executor with several slots run them side by side.
+
+        With ``extra`` every session has a third arm of those settings (the baseline in a
+        held-out session, so the same sessions also compare the candidate with it); the
+        sessions measured so far are in ``next_pair.sessions`` by pair index.
         """
         base = f"{plan.settings_hash(incumbent)}-vs-{plan.settings_hash(candidate)}"
+        if extra is not None:
+            base += f"-and-{plan.settings_hash(extra)}"
+        arms = [incumbent, candidate, *([extra] if extra is not None else [])]
         got: dict[int, SessionResult] = {}
 
         def next_pair(i: int) -> Pair:
             if i not in got:
                 upto = max(i + 1, planned(i))
-                asks = [SessionAsk([incumbent, candidate], stage, knob, role, f"{base}/pair{k}") for k in range(i, upto)]
+                asks = [SessionAsk(arms, stage, knob, role, f"{base}/pair{k}") for k in range(i, upto)]
                 for k, result in zip(range(i, upto), self.sessions(asks, exclusive=exclusive)):
                     got[k] = result
             s = got[i]
             return Pair(candidate=s.arms[1], incumbent=s.arms[0])
 
+        next_pair.sessions = got  # type: ignore[attr-defined]
         return next_pair
 
     def _note(self, key: str, meta: dict[str, Any], result: TrialResult) -> None:

@@ -191,6 +191,8 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
     remaining = 0.0
     inc = arm_cost(incumbent)
     compiled = {"compile": "default"}
+    # After a kept change, held-out sessions also run the baseline (the final check's arm).
+    third = held_out_third_arm(incumbent, baseline)
     for name in knob_names:
         if name in skip:
             continue
@@ -202,24 +204,33 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         cand = arm_cost(compiled) if name == "compile" else inc
         confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
         screen = arm_cost(incumbent, "screen")
-        remaining += screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen) + (confirmations * confirm_pairs + TYPICAL_KEPT_SHARE * holdout_pairs) * (inc + cand)
+        remaining += screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen) + confirmations * confirm_pairs * (inc + cand) + TYPICAL_KEPT_SHARE * holdout_pairs * (inc + cand + third)
         if name == "compile":
             remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
     final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
     return remaining + final_pairs * (arm_cost(baseline) + final)
 
 
-def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, pair_cost: float = 2.0) -> float:
+def held_out_third_arm(incumbent: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> float:
+    """The cost of the baseline arm a held-out session adds once a change is kept (0 before)."""
+    if incumbent is None or baseline is None or settings_hash(incumbent) == settings_hash(baseline):
+        return 0.0
+    return arm_cost(baseline)
+
+
+def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, pair_cost: float = 2.0,
+                      third_arm: float = 0.0) -> float:
     """Trial processes a knob still runs after its screen selected ``selected`` candidates.
 
     The first is confirmed; a second only when the first is not improved (taken as
-    ``SECOND_CONFIRMATION_SHARE`` of the time); a kept change adds its held-out pairs
-    (taken as ``KEPT_AFTER_SELECTION``). ``pair_cost`` is a pair's two arms by ``arm_cost``.
+    ``SECOND_CONFIRMATION_SHARE`` of the time); a kept change adds its held-out sessions
+    (taken as ``KEPT_AFTER_SELECTION``). ``pair_cost`` is a pair's two arms by ``arm_cost``;
+    ``third_arm`` the baseline arm of each held-out session (``held_out_third_arm``).
     """
     if selected <= 0:
         return 0.0
     confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
-    return pair_cost * (confirmations * confirm_pairs + KEPT_AFTER_SELECTION * holdout_pairs)
+    return pair_cost * confirmations * confirm_pairs + KEPT_AFTER_SELECTION * holdout_pairs * (pair_cost + third_arm)
 
 
 def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str, Any], *, confirm_pairs: int,
@@ -228,10 +239,11 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
                      selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES) -> float:
     """Trial processes left in the whole search, in plain arms: what the progress ETA counts down.
 
-    The final check is counted as far as it is expected: it runs only when some change is
-    kept, and when exactly one is, its held-out pairs are reused instead. Each knob still
-    to decide keeps a change at ``TYPICAL_KEPT_SHARE`` (the current one, after its screen
-    selected some, at ``KEPT_AFTER_SELECTION``).
+    The final check is counted as far as it is expected: the last kept change's held-out
+    sessions are its pairs, so it measures only the pairs it has beyond those (none by
+    default), and only when some change is kept. Each knob still to decide keeps a change
+    at ``TYPICAL_KEPT_SHARE`` (the current one, after its screen selected some, at
+    ``KEPT_AFTER_SELECTION``).
 
     Args:
         order: The search order of the knobs.
@@ -246,8 +258,8 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         baseline: The baseline's settings.
         selected: After the current knob's screen: how many candidates it selected for
             confirmation (the rest of that knob is then counted from it).
-        reusable: Held-out pairs of the one change kept so far, which the final check
-            reuses if no later knob keeps another.
+        reusable: Pairs of the baseline against the incumbent from the last kept change's
+            held-out sessions, which the final check reuses if no later knob keeps another.
         batch_probes: Memory probes of the batch-size stage.
     """
     later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
@@ -255,11 +267,12 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
     if selected is not None:
         keeps.append(KEPT_AFTER_SELECTION if selected > 0 else 0.0)
     none = math.prod(1.0 - p for p in keeps)
+    # A later kept change's held-out sessions bring the final check's pairs with them.
+    beyond = max(0, final_pairs - holdout_pairs)
     if incumbent is not None and baseline is not None and settings_hash(incumbent) != settings_hash(baseline):
-        final = final_pairs - none * min(reusable, final_pairs)
+        final = none * (final_pairs - min(reusable, final_pairs)) + (1.0 - none) * beyond
     else:
-        exactly_one = sum(p * none / (1.0 - p) for p in keeps if p < 1.0)
-        final = final_pairs * (1.0 - none) - exactly_one * min(holdout_pairs, final_pairs)
+        final = (1.0 - none) * beyond
     remaining = remaining_trials(
         later, search, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, final_pairs=final,
         batch_candidates=batch_candidates, incumbent=incumbent, baseline=baseline, batch_probes=batch_probes,
@@ -268,5 +281,6 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         knob = order[knobs_done]
         inc = arm_cost(incumbent)
         cand = arm_cost({"compile": "default"}) if knob == "compile" else inc
-        remaining += remaining_in_knob(selected, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, pair_cost=inc + cand)
+        remaining += remaining_in_knob(selected, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, pair_cost=inc + cand,
+                                       third_arm=held_out_third_arm(incumbent, baseline))
     return remaining

@@ -237,8 +237,7 @@ class Search:
         iv = holdout_estimate([math.log(c.samples_per_s / i.samples_per_s) for c, i in zip(cand, inc)], m.confidence, m.interval)
         reason = f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} fresh pairs"
         if reused:
-            reason += (f" (the held-out pairs of {label}{f' and {more} more' if more else ''}: "
-                       "the only kept change, so they compared exactly these settings with the baseline)")
+            reason += f" ({label}{f'; and {more} more' if more else ''})"
             out["reused_pairs"] = n - more
         if unstable:
             out["unstable"] = "; ".join(unstable)
@@ -246,17 +245,18 @@ class Search:
                 "speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
 
     def _held_out_of_the_same_comparison(self, base: dict[str, Any], incumbent: dict[str, Any]) -> tuple[list[Any], list[str], str]:
-        """The held-out pairs of the one kept change when they compared the final settings with the baseline.
+        """Fresh pairs of the baseline against the final settings that the last kept change's held-out sessions measured.
 
         With a single kept change its held-out pairs are fresh pairs of exactly the final
-        check's two settings, measured after its verdict and unused by any decision, so they
-        serve as the final check's pairs (they cost 6 sessions otherwise). Held-out pairs
-        against the baseline run with no other session beside them, as the final check's
-        do (``KnobStage._holdout``).
+        check's two settings; after an earlier kept change, the held-out sessions also ran
+        the baseline (``KnobStage._holdout``). Either way they were measured after the last
+        kept change's verdict, with no other session beside them, and no decision used them
+        (a later knob that kept nothing decided on pairs of its own), so they serve as the
+        final check's pairs (they cost 6 sessions otherwise).
 
         Returns:
             The reusable pairs (none when they do not apply), the stability guard's flags
-            raised while they ran, and the kept change (``knob=value``).
+            raised while they ran, and what they were.
         """
         return self.stage.held_out.get((plan.settings_hash(base), plan.settings_hash(incumbent)), ([], [], ""))
 

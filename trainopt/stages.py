@@ -96,9 +96,10 @@ class KnobStage:
         # The incumbent arm's throughput in the search's first screen session: the baseline
         # settings (nothing is adopted before a screen), measured the way session arms are.
         self.first_screen_rate: float | None = None
-        # The held-out pairs of each kept change, by (incumbent hash, candidate hash), with
-        # the stability guard's flags raised while they ran and the change's name: a final
-        # check of exactly that comparison reuses them (``Search._final_check``).
+        # Fresh pairs of the baseline against each kept change's settings, measured by its
+        # held-out sessions, by (baseline hash, candidate hash), with the stability guard's
+        # flags raised while they ran and what they were: a final check of exactly that
+        # comparison reuses them (``Search._final_check``).
         self.held_out: dict[tuple[str, str], tuple[list[Pair], list[str], str]] = {}
 
     def run(self, incumbent: dict[str, Any], knob: str, stage: str, values: list[Any]) -> dict[str, Any]:
@@ -189,20 +190,36 @@ class KnobStage:
     def _holdout(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str):
         """Fresh pairs measured after an ``improved`` verdict, for an unbiased speedup (None if one failed).
 
-        Against the baseline itself (the first kept change) each pair runs with no other
-        session beside it, like the final check's: if no later change is kept, these
-        pairs are the final check.
+        Every held-out session also serves the final check, so each runs with no other
+        session beside it, as the final check's do. Against the baseline itself (the first
+        kept change) its pairs are the final check's if no later change is kept. After an
+        earlier kept change, each session has the baseline as a third arm: the candidate
+        against the incumbent gives the held-out speedup, and the candidate against the
+        baseline, in the same fresh sessions, is the final check if no later change is
+        kept (six three-arm sessions instead of six more two-arm ones; when a later change
+        is kept, the third arms were measured for nothing).
         """
         n = holdout_pairs(self.measure.confidence, self.measure.interval)
         n0 = len(self.broker.unstable)
-        against_baseline = plan.settings_hash(incumbent) == plan.settings_hash(self.broker.spec.baseline)
+        baseline = self.broker.spec.baseline
+        against_baseline = plan.settings_hash(incumbent) == plan.settings_hash(baseline)
         nxt = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="holdout", planned=lambda i: n,
-                                        exclusive=against_baseline)
+                                        exclusive=True, extra=None if against_baseline else dict(baseline))
         pairs = [nxt(i) for i in range(n)]
         if not all(p.candidate.ok and p.incumbent.ok for p in pairs):
             return None, pairs
-        self.held_out[(plan.settings_hash(incumbent), plan.settings_hash(settings))] = (
-            pairs, self.broker.unstable[n0:], f"{knob}={settings[knob]}")
+        unstable = self.broker.unstable[n0:]
+        if against_baseline:
+            self.held_out[(plan.settings_hash(incumbent), plan.settings_hash(settings))] = (
+                pairs, unstable, f"the held-out pairs of {knob}={settings[knob]}, the only kept change, so they compared "
+                                 "exactly these settings with the baseline")
+        else:
+            sessions = [nxt.sessions[i] for i in range(n)]  # type: ignore[attr-defined]
+            if all(s.arms[2].ok for s in sessions):
+                self.held_out[(plan.settings_hash(baseline), plan.settings_hash(settings))] = (
+                    [Pair(candidate=s.arms[1], incumbent=s.arms[2]) for s in sessions], unstable,
+                    f"the baseline arms of the held-out sessions of {knob}={settings[knob]}, the last kept change: "
+                    "the same fresh sessions compared these settings with the baseline")
         logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
         return holdout_estimate(logs, self.measure.confidence, self.measure.interval), pairs
 

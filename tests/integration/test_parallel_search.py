@@ -122,8 +122,8 @@ def _spans(out: Path, doc: dict) -> dict[str, tuple[str, int, float, float]]:
 def test_sessions_overlap_except_the_final_checks(runs):
     out, doc, _ = runs[2]
     spans = _spans(out, doc)
-    # The search has one knob, so its held-out pairs are against the baseline and run alone
-    # like the final check's (and are the final check when it is the only kept change).
+    # Held-out sessions run alone like the final check's (they are the final check when no
+    # later change is kept).
     final = {k: v for k, v in spans.items() if v[0] in ("final", "holdout")}
     others = {k: v for k, v in spans.items() if v[0] not in ("final", "holdout")}
     assert len(final) >= 2 and others

@@ -150,3 +150,14 @@ def test_the_eta_prices_arms_that_ran_side_by_side_at_their_share_of_the_batch(t
     assert any(size > 1 for _, size in executor.batches)  # some batches ran several sessions at once
     # The arms' prices add up to the time the batches took, not to slots times that.
     assert abs(sum(session_walls) - executor.spent) < 0.1 * executor.spent
+
+
+def test_a_held_out_session_with_the_baseline_says_so_in_its_progress_detail():
+    from trainopt.broker import SessionAsk, TrialBroker
+
+    base, inc, cand = {"compile": "off", "batch_size": 32}, {"compile": "off", "batch_size": 256}, {"compile": "default", "batch_size": 256}
+    assert TrialBroker._detail(SessionAsk([inc, cand, base], "compile", "compile", "holdout", "t")) == (
+        "compile=off vs default, and the baseline")
+    assert TrialBroker._detail(SessionAsk([inc, cand], "compile", "compile", "holdout", "t")) == "compile=off vs default"
+    assert TrialBroker._detail(SessionAsk([inc, cand, cand], "compile", "compile", "screen", "t")) == (
+        "compile=off vs default vs default")

@@ -66,6 +66,8 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
     assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6) == 16 + 0.5 * 12
     assert remaining_in_knob(2, confirm_pairs=8, holdout_pairs=6) == 1.75 * 16 + 0.5 * 12
     assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6, pair_cost=pair) == pytest.approx(pair * (8 + 0.5 * 6))
+    # After a kept change, each held-out session also runs the baseline.
+    assert remaining_in_knob(1, confirm_pairs=8, holdout_pairs=6, third_arm=1.0) == 16 + 0.5 * 6 * 3
 
 
 def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_to_run():
@@ -82,12 +84,18 @@ def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_t
     # Nothing kept, one knob left: a final check only if it keeps a change (0.36), and then the
     # one kept change's held-out pairs are the final check: nothing more to measure.
     assert search_remaining(order, 1, search, incumbent=base, **kw) == pytest.approx(knob + 2 * (6 * 0.36 - 0.36 * 6))
-    # One change kept with 6 reusable held-out pairs: the final check adds pairs only if the
-    # last knob keeps another change.
-    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob + 2 * (6 - 0.64 * 6))
+    # One change kept with 6 reusable pairs: if the last knob keeps another change, its held-out
+    # sessions run the baseline as a third arm (counted with the knob) and are the final check.
+    knob_after = remaining_trials(["num_workers"], search, incumbent=kept, **{**kw, "final_pairs": 0})
+    assert knob_after == pytest.approx(knob + 0.36 * 6 * 1)
+    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob_after)
     assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **kw) == 0
-    # Two kept changes (nothing reusable): the final check's 6 pairs are sure.
+    # Kept, with nothing reusable (a third arm failed): the final check's 6 pairs are sure.
     assert search_remaining(order, 2, search, incumbent=kept, **kw) == 12
+    # A final check of 8 pairs measures the 2 beyond the held-out ones itself.
+    assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **{**kw, "final_pairs": 8}) == 4
+    assert search_remaining(order, 1, search, incumbent=base, **{**kw, "final_pairs": 8}) == pytest.approx(
+        remaining_trials(["num_workers"], search, incumbent=base, **{**kw, "final_pairs": 0}) + 0.36 * 2 * 2)
     # After the last knob's screen selected one candidate: its confirmation and maybe its held-out
     # pairs, and a final check kept at half (nothing kept before it).
     after = search_remaining(order, 1, search, incumbent=base, selected=1, **kw)

@@ -219,10 +219,21 @@ def _best_yaml(tmp_path, doc, spec):
 
 
 def test_a_final_check_that_regresses_falls_back_to_the_first_confirmed_change(tmp_path):
-    # bf16 and one loader worker each confirm, but the combination regresses against the baseline.
-    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.2}, final_factor=0.5)
+    # bf16 and one loader worker each confirm, but the combination regresses against the baseline
+    # in the held-out sessions of the loader worker, which are the final check.
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.2})
     search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    original = runner.run
+
+    def slower_when_held_out(request, log_path, timeout_s):
+        result = original(request, log_path, timeout_s)
+        if request.trial_id.startswith("holdout/num_workers/") and "/arm1/" in request.trial_id:
+            result.samples_per_s *= 0.5
+        return result
+
+    runner.run = slower_when_held_out
     doc = search.run()
+    assert "held-out sessions of num_workers=1" in doc["final"]["reason"]
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     assert doc["final"]["verdict"] == "regressed"
     best = doc["best"]
@@ -259,9 +270,9 @@ def test_a_final_check_that_does_not_confirm_the_only_change_keeps_the_baseline(
 
 
 def test_a_failed_final_trial_falls_back_to_the_first_kept_change(tmp_path):
-    # Two kept changes, so the final check measures the combination on pairs of its own.
+    # Two kept changes and a final check of 8 pairs: 6 from the held-out sessions, 2 of its own.
     runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
-    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]}, pairs=8, max_pairs=16)
     original = runner.run
 
     def crash_in_final(request, log_path, timeout_s):
@@ -306,15 +317,49 @@ def test_a_final_check_of_more_pairs_than_the_held_out_ones_adds_the_rest(tmp_pa
     assert [t["role"] for t in doc["trials"]].count("final") == 4 and "and 2 more" in final["reason"]
 
 
-def test_the_final_check_measures_pairs_of_its_own_after_two_kept_changes(tmp_path):
-    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5})
-    search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+def test_after_two_kept_changes_the_final_check_is_the_baseline_arms_of_the_last_held_out_sessions(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5}, noise=0.01)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    doc = search.run()
+    assert [d["kept"] for d in doc["decisions"]] == [True, True]
+    holdout = [t for t in doc["trials"] if t["role"] == "holdout"]
+    # amp against the baseline: 6 two-arm sessions; num_workers: 6 three-arm ones, the baseline third.
+    assert [t["knob"] for t in holdout].count("amp") == 12 and [t["knob"] for t in holdout].count("num_workers") == 18
+    third = [t for t in holdout if t["knob"] == "num_workers" and t["settings"]["amp"] == "off"]
+    assert len(third) == 6 and all(t["settings"] == spec.baseline for t in third)
+    final = doc["final"]
+    assert "final" not in [t["role"] for t in doc["trials"]]
+    assert (final["verdict"], final["n_pairs"], final["reused_pairs"]) == ("improved", 6, 6)
+    assert "baseline arms of the held-out sessions of num_workers=1" in final["reason"]
+    # Both changes at 1.5x: the final settings run 2.25x the baseline in those sessions.
+    assert final["speedup"] == pytest.approx(2.25, rel=0.05)
+    nw = by_knob(doc, "num_workers")[0]
+    assert nw["speedup"] == pytest.approx(1.5, rel=0.05) and nw["extra"]["holdout"]["n_pairs"] == 6
+    # Resumed from the store, it runs nothing and comes to the same final check.
+    again = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5}, noise=0.01)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    doc2 = Search(spec, tmp_path, again, store).run()
+    assert again.requests == [] and doc2["final"]["speedup"] == final["speedup"]
+
+
+def test_a_third_arm_that_fails_leaves_the_final_check_to_measure_its_own_pairs(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5}, noise=0.01)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    original = runner.run
+
+    def crash_third_arm(request, log_path, timeout_s):
+        if request.trial_id.startswith("holdout/num_workers/") and request.trial_id.split("/")[-2] == "arm2":
+            return TrialResult(status="crashed", settings=request.settings, error="fake crash", env={"device_type": "cpu"})
+        return original(request, log_path, timeout_s)
+
+    runner.run = crash_third_arm
     doc = search.run()
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     assert [t["role"] for t in doc["trials"]].count("final") == 12 and "reused_pairs" not in doc["final"]
+    assert doc["final"]["verdict"] == "improved"
 
 
-def test_held_out_pairs_against_the_baseline_run_alone_on_several_slots(tmp_path):
+def test_held_out_sessions_run_alone_on_several_slots(tmp_path):
     from trainopt.executor import SerialExecutor
     from trainopt.session import SequentialSessionRunner
 
@@ -339,9 +384,9 @@ def test_held_out_pairs_against_the_baseline_run_alone_on_several_slots(tmp_path
     doc = Search(spec, tmp_path, runner, store, executor=executor).run()
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     alone = {tuple(ids[0]): exclusive for ids, exclusive in executor.batches}
-    # amp was kept against the baseline, num_workers against an incumbent with bf16.
-    assert alone[("holdout", "amp")] and not alone[("holdout", "num_workers")] and alone[("final", "final")]
-    assert not alone[("confirm", "amp")]
+    # Every held-out session may be the final check's, so each runs alone; they are the final check here.
+    assert alone[("holdout", "amp")] and alone[("holdout", "num_workers")] and ("final", "final") not in alone
+    assert not alone[("confirm", "amp")] and not alone[("confirm", "num_workers")]
     # With amp the only kept change, its held-out pairs (measured alone) are the final check.
     (tmp_path / "one").mkdir()
     runner = FakeRunner({("amp", "bf16"): 1.5})
