@@ -9,7 +9,7 @@ both runs' verdicts, which must agree.
 
 Usage (the figures need a quiet machine):
     python benchmarks/slots.py [--reps 1] [--pairs 6] [--max-pairs 12] [--confidence 0.9]
-        [--window-seconds 0.2] [--windows 4] [--latency-ms 1.0] [--workers 0 1 2] [--keep DIR] [--more-knobs]
+        [--window-seconds 0.2] [--windows 4] [--latency-ms 1.0] [--workers 0 1 2] [--keep DIR] [--more-knobs] [--many-knobs]
 
 It also times what the orchestrator spends storing one arm in the default SQLite store.
 """
@@ -36,7 +36,13 @@ def spec_data(args) -> dict:
 
     With ``--more-knobs`` it also tries ``prefetch_factor`` 4 and ``sync_every`` 8 after it:
     a longer search with the same serial parts (baseline, start-up, final check).
+    ``--many-knobs`` adds ``persistent_workers`` and ``optimizer_impl`` foreach to those.
     """
+    extra = {}
+    if args.more_knobs or args.many_knobs:
+        extra.update({"prefetch_factor": [None, 4], "sync_every": [1, 8]})
+    if args.many_knobs:
+        extra.update({"persistent_workers": [False, True], "optimizer_impl": ["default", "foreach"]})
     return {
         "name": "slots-bench",
         "device": "cpu",
@@ -45,7 +51,7 @@ def spec_data(args) -> dict:
         "loss": "cross_entropy",
         "optimizer": {"name": "sgd", "args": {"lr": 0.05}},
         "baseline": {"batch_size": 16, "threads": 1},
-        "search": {"num_workers": args.workers, **({"prefetch_factor": [None, 4], "sync_every": [1, 8]} if args.more_knobs else {})},
+        "search": {"num_workers": args.workers, **extra},
         "measure": {
             "warmup_steps": 3,
             "warmup_seconds": 0.2,
@@ -106,8 +112,8 @@ def time_by_role(out: Path, doc: dict) -> dict[str, list[float]]:
 
 
 # Sessions counted as running alone whatever the slots: lone trials, a knob's screen, the
-# final check (exclusive) and the held-out pairs (exclusive when measured against the baseline
-# itself, as this search's one knob is, since they may become the final check). The rest (the
+# final check and the held-out sessions (both exclusive: held-out sessions may become the
+# final check). The rest (the
 # confirmation pairs up to each look) are handed to the executor as batches. A screen with
 # several candidates is split over the slots, so counting it as alone makes the printed
 # ceiling a lower guide for such searches.
@@ -152,6 +158,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="the num_workers levels searched")
     ap.add_argument("--keep", type=Path, default=None, help="keep the output folders here")
     ap.add_argument("--more-knobs", action="store_true", help="also search prefetch_factor and sync_every")
+    ap.add_argument("--many-knobs", action="store_true",
+                    help="also search prefetch_factor, sync_every, persistent_workers and optimizer_impl")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs at least two cores")
