@@ -98,8 +98,9 @@ def executor_notes(executor: SessionExecutor) -> list[str]:
         cores = len(executor.plan[0].cpus)
         return [f"{executor.slots} slots of {cores} core(s) each ({', '.join(s.device for s in executor.plan)}). "
                 "Slots on one CPU share its memory bandwidth and caches, so a session's figures can differ from "
-                "the same session alone; both arms of a comparison always share one slot, and the final check "
-                "runs with no other session beside it."]
+                "the same session alone and are noisier (pairs about 1.6x noisier on a 2-core machine, so "
+                "confirmations may need more pairs); both arms of a comparison always share one slot, and the "
+                "final check and the held-out sessions run with no other session beside them."]
     if isinstance(executor, SlotExecutor) and executor.slots > 1:
         return [f"{executor.slots} GPU slots: {', '.join(s.device for s in executor.plan)}.",
                 *slotplan.gpu_busy_warnings(executor.plan)]
