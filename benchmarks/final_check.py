@@ -1,0 +1,78 @@
+"""The final check taken from three-arm held-out sessions, simulated through ``Search``.
+
+After two kept changes the final check's pairs are the baseline arms of the second change's
+held-out sessions (``KnobStage._holdout``). This runs ``--reps`` complete searches of two
+knobs (amp off -> bf16 with true factor A, then num_workers 0 -> 1 with true factor B)
+through ``tests.fakes.FakeRunner`` and ``tests.fakes.MemoryStore`` (the real decision code,
+fake processes) and, among searches that kept both changes, prints how often the final
+check's interval covers the true combined speedup A x B (nominal: the confidence, 0.95),
+its mean log error, and the same for the second change's held-out estimate against B.
+
+Usage:
+    python benchmarks/final_check.py [--reps 300] [--sd 0.10 0.165] [--effects 1.25 1.25 1.10 1.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import tiny_spec_dict  # noqa: E402
+from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
+from trainopt.search import Search  # noqa: E402
+from trainopt.spec import spec_from_dict  # noqa: E402
+
+
+def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:
+    both = covered = covered_b = from_holdout = 0
+    err, err_b = [], []
+    for seed in range(reps):
+        measure = {"pairs": 6, "max_pairs": 20, "confidence": 0.95, "min_speedup": 0.03}
+        spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"], "num_workers": [0, 1]}, measure=measure),
+                              "t.yaml", tmp)
+        runner = FakeRunner({("amp", "bf16"): a, ("num_workers", 1): b}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
+        doc = Search(spec, tmp, runner, MemoryStore()).run()
+        kept = [d for d in doc["decisions"] if d["kept"]]
+        if len(kept) != 2:
+            continue
+        both += 1
+        final, second = doc["final"], kept[1]
+        from_holdout += final.get("reused_pairs") == final["n_pairs"]
+        covered += final["ci"][0] <= a * b <= final["ci"][1]
+        err.append(math.log(final["speedup"] / (a * b)))
+        covered_b += second["ci"][0] <= b <= second["ci"][1]
+        err_b.append(math.log(second["speedup"] / b))
+    if not both:
+        return f"| {a} × {b} | {sd} | {reps} | 0 | — | — | — | — | — |"
+    return (f"| {a} × {b} | {sd} | {reps} | {both} | {from_holdout / both:.0%} | {covered / both:.1%} | "
+            f"{statistics.fmean(err):+.4f} | {covered_b / both:.1%} | {statistics.fmean(err_b):+.4f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--sd", type=float, nargs="+", default=[0.10, 0.165], help="pair log-ratio sds")
+    ap.add_argument("--effects", type=float, nargs="+", default=[1.25, 1.25, 1.10, 1.25],
+                    help="pairs of true factors A B, A B, ...")
+    args = ap.parse_args()
+    print(f"command: python benchmarks/final_check.py --reps {args.reps} --sd {' '.join(map(str, args.sd))} "
+          f"--effects {' '.join(map(str, args.effects))}")
+    print("| A × B | pair sd | searches | both kept | final check from held-out sessions | final covers A×B | "
+          "final mean log error | second held-out covers B | its mean log error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    pairs = list(zip(args.effects[::2], args.effects[1::2]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for a, b in pairs:
+            for sd in args.sd:
+                print(row(Path(tmp), args.reps, a, b, sd), flush=True)
+
+
+if __name__ == "__main__":
+    main()
