@@ -80,14 +80,21 @@ def replay(out: Path, verbose: bool = False) -> dict:
     end = doc["elapsed_s"]
     points = []
 
+    seen: set[tuple[str, str]] = set()
+
     def update(done: int, sel: int | None = None) -> None:
         kept_now = [d for d in kept if d["knob"] in order[:done]]
+        # The first kept change's held-out pairs are owed until some held-out session ran
+        # (searches recorded before they were deferred ran them right after the verdict).
+        pending = len(kept_now) == 1 and (kept_now[0]["knob"], "holdout") not in seen
         progress.set_remaining(plan.search_remaining(
             order, done, spec.search, skip=[k for k in skip if order.index(k) >= done], incumbent=incumbent,
-            baseline=spec.baseline, selected=sel, reusable=hold if len(kept_now) == 1 else 0, **counts))
+            baseline=spec.baseline, selected=sel, reusable=hold if kept_now and not pending else 0, pending=pending,
+            **counts))
 
     index = -1
     for i, e in enumerate(events):
+        seen.add((e["trial"]["knob"], e["trial"]["role"]))
         t = e["trial"]
         knob, role = t["knob"], t["role"]
         if knob in order and order.index(knob) != index:

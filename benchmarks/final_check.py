@@ -6,7 +6,9 @@ knobs (amp off -> bf16 with true factor A, then num_workers 0 -> 1 with true fac
 through ``tests.fakes.FakeRunner`` and ``tests.fakes.MemoryStore`` (the real decision code,
 fake processes) and, among searches that kept both changes, prints how often the final
 check's interval covers the true combined speedup A x B (nominal: the confidence, 0.95),
-its mean log error, and the same for the second change's held-out estimate against B.
+its mean log error, and the same for the second change's held-out estimate against B and
+for the first change's against A (measured in the same sessions: the incumbent arm against
+the baseline arm, since the first kept change measures no held-out sessions of its own).
 
 Usage:
     python benchmarks/final_check.py [--reps 300] [--sd 0.10 0.165] [--effects 1.25 1.25 1.10 1.25]
@@ -31,8 +33,8 @@ from trainopt.spec import spec_from_dict  # noqa: E402
 
 
 def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:
-    both = covered = covered_b = from_holdout = 0
-    err, err_b = [], []
+    both = covered = covered_b = covered_a = from_holdout = 0
+    err, err_b, err_a = [], [], []
     for seed in range(reps):
         measure = {"pairs": 6, "max_pairs": 20, "confidence": 0.95, "min_speedup": 0.03}
         spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"], "num_workers": [0, 1]}, measure=measure),
@@ -43,16 +45,19 @@ def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:
         if len(kept) != 2:
             continue
         both += 1
-        final, second = doc["final"], kept[1]
+        final, first, second = doc["final"], kept[0], kept[1]
         from_holdout += final.get("reused_pairs") == final["n_pairs"]
         covered += final["ci"][0] <= a * b <= final["ci"][1]
         err.append(math.log(final["speedup"] / (a * b)))
         covered_b += second["ci"][0] <= b <= second["ci"][1]
         err_b.append(math.log(second["speedup"] / b))
+        covered_a += first["ci"][0] <= a <= first["ci"][1]
+        err_a.append(math.log(first["speedup"] / a))
     if not both:
-        return f"| {a} × {b} | {sd} | {reps} | 0 | — | — | — | — | — |"
+        return f"| {a} × {b} | {sd} | {reps} | 0 | — | — | — | — | — | — | — |"
     return (f"| {a} × {b} | {sd} | {reps} | {both} | {from_holdout / both:.0%} | {covered / both:.1%} | "
-            f"{statistics.fmean(err):+.4f} | {covered_b / both:.1%} | {statistics.fmean(err_b):+.4f} |")
+            f"{statistics.fmean(err):+.4f} | {covered_b / both:.1%} | {statistics.fmean(err_b):+.4f} | "
+            f"{covered_a / both:.1%} | {statistics.fmean(err_a):+.4f} |")
 
 
 def main() -> None:
@@ -65,8 +70,9 @@ def main() -> None:
     print(f"command: python benchmarks/final_check.py --reps {args.reps} --sd {' '.join(map(str, args.sd))} "
           f"--effects {' '.join(map(str, args.effects))}")
     print("| A × B | pair sd | searches | both kept | final check from held-out sessions | final covers A×B | "
-          "final mean log error | second held-out covers B | its mean log error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "final mean log error | second held-out covers B | its mean log error | first held-out covers A | "
+          "its mean log error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     pairs = list(zip(args.effects[::2], args.effects[1::2]))
     with tempfile.TemporaryDirectory() as tmp:
         for a, b in pairs:

@@ -24,6 +24,8 @@ __all__ = [
     "with_knob",
     "remaining_trials",
     "remaining_in_knob",
+    "kept_states",
+    "start_state",
     "search_remaining",
     "typical_batch_probes",
     "memory_bound",
@@ -166,7 +168,7 @@ def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "") -> float
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
                      final_pairs: float, batch_candidates: int, skip: Sequence[str] = (),
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
-                     batch_probes: int = TYPICAL_BATCH_PROBES) -> float:
+                     batch_probes: int = TYPICAL_BATCH_PROBES, state: tuple[float, float, float] | None = None) -> float:
     """A rough count of the trial processes left (probes and session arms), for the ETA.
 
     Per knob: the screen session (incumbent and candidates), the typical number of
@@ -187,12 +189,17 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         incumbent: The settings now adopted (default: nothing compiled).
         baseline: The baseline's settings, the final check's other arm (default: not compiled).
         batch_probes: Memory probes of the batch-size stage (``typical_batch_probes``).
+        state: Where the held-out sessions stand before these knobs (``kept_states``);
+            default: none kept yet when ``incumbent`` is the baseline, else settled.
     """
     remaining = 0.0
     inc = arm_cost(incumbent)
     compiled = {"compile": "default"}
-    # After a kept change, held-out sessions also run the baseline (the final check's arm).
-    third = held_out_third_arm(incumbent, baseline)
+    if state is None:
+        state = start_state(incumbent, baseline)
+    # After a kept change, held-out sessions also run the baseline (the final check's arm);
+    # the first kept change measures none of its own until later (``KnobStage``).
+    third = arm_cost(baseline) if baseline is not None else 0.0
     for name in knob_names:
         if name in skip:
             continue
@@ -204,11 +211,45 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         cand = arm_cost(compiled) if name == "compile" else inc
         confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
         screen = arm_cost(incumbent, "screen")
-        remaining += screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen) + confirmations * confirm_pairs * (inc + cand) + TYPICAL_KEPT_SHARE * holdout_pairs * (inc + cand + third)
+        held_now = state[1] + state[2]
+        remaining += (screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen)
+                      + confirmations * confirm_pairs * (inc + cand) + TYPICAL_KEPT_SHARE * held_now * holdout_pairs * (inc + cand + third))
+        state = kept_states(state, [TYPICAL_KEPT_SHARE])[-1]
         if name == "compile":
             remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
     final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
     return remaining + final_pairs * (arm_cost(baseline) + final)
+
+
+def start_state(incumbent: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None,
+                pending: bool = False) -> tuple[float, float, float]:
+    """Where the held-out sessions stand now, as ``kept_states`` counts them.
+
+    Args:
+        incumbent: The settings adopted so far (None: unknown, taken as settled).
+        baseline: The baseline's settings.
+        pending: The first kept change's held-out pairs are still owed.
+    """
+    if incumbent is not None and baseline is not None and settings_hash(incumbent) == settings_hash(baseline):
+        return (1.0, 0.0, 0.0)
+    return (0.0, 1.0, 0.0) if pending else (0.0, 0.0, 1.0)
+
+
+def kept_states(start: tuple[float, float, float], keeps: Sequence[float]) -> list[tuple[float, float, float]]:
+    """How likely each held-out situation is before each knob and after the last.
+
+    The three situations: no change kept; one kept, whose held-out pairs are still owed (a
+    later kept change's held-out sessions measure it, else it measures its own at the end);
+    held-out pairs settled. A knob keeps a change with its probability in ``keeps``.
+
+    Returns:
+        ``len(keeps) + 1`` triples of probabilities, the first ``start``.
+    """
+    out = [start]
+    for q in keeps:
+        none, owed, settled = out[-1]
+        out.append((none * (1 - q), owed * (1 - q) + none * q, settled + owed * q))
+    return out
 
 
 def held_out_third_arm(incumbent: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> float:
@@ -219,31 +260,35 @@ def held_out_third_arm(incumbent: Mapping[str, Any] | None, baseline: Mapping[st
 
 
 def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, pair_cost: float = 2.0,
-                      third_arm: float = 0.0) -> float:
+                      third_arm: float = 0.0, held_now: float = 1.0) -> float:
     """Trial processes a knob still runs after its screen selected ``selected`` candidates.
 
     The first is confirmed; a second only when the first is not improved (taken as
     ``SECOND_CONFIRMATION_SHARE`` of the time); a kept change adds its held-out sessions
     (taken as ``KEPT_AFTER_SELECTION``). ``pair_cost`` is a pair's two arms by ``arm_cost``;
-    ``third_arm`` the baseline arm of each held-out session (``held_out_third_arm``).
+    ``third_arm`` the baseline arm of each held-out session (``held_out_third_arm``);
+    ``held_now`` the chance that a kept change measures its held-out sessions now (0 for
+    the first kept change, which measures them later or never: ``kept_states``).
     """
     if selected <= 0:
         return 0.0
     confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
-    return pair_cost * confirmations * confirm_pairs + KEPT_AFTER_SELECTION * holdout_pairs * (pair_cost + third_arm)
+    return pair_cost * confirmations * confirm_pairs + KEPT_AFTER_SELECTION * held_now * holdout_pairs * (pair_cost + third_arm)
 
 
 def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str, Any], *, confirm_pairs: int,
                      holdout_pairs: int, final_pairs: int, batch_candidates: int, skip: Sequence[str] = (),
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
-                     selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES) -> float:
+                     selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES,
+                     pending: bool = False) -> float:
     """Trial processes left in the whole search, in plain arms: what the progress ETA counts down.
 
     The final check is counted as far as it is expected: the last kept change's held-out
     sessions are its pairs, so it measures only the pairs it has beyond those (none by
-    default), and only when some change is kept. Each knob still to decide keeps a change
-    at ``TYPICAL_KEPT_SHARE`` (the current one, after its screen selected some, at
-    ``KEPT_AFTER_SELECTION``).
+    default), and only when some change is kept. The first kept change measures its
+    held-out sessions at the end, and only if no later change is kept (``kept_states``).
+    Each knob still to decide keeps a change at ``TYPICAL_KEPT_SHARE`` (the current one,
+    after its screen selected some, at ``KEPT_AFTER_SELECTION``).
 
     Args:
         order: The search order of the knobs.
@@ -261,26 +306,32 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         reusable: Pairs of the baseline against the incumbent from the last kept change's
             held-out sessions, which the final check reuses if no later knob keeps another.
         batch_probes: Memory probes of the batch-size stage.
+        pending: The first kept change's held-out pairs are still owed.
     """
     later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
     keeps = [TYPICAL_KEPT_SHARE] * len(later)
     if selected is not None:
-        keeps.append(KEPT_AFTER_SELECTION if selected > 0 else 0.0)
+        # The current knob comes first.
+        keeps.insert(0, KEPT_AFTER_SELECTION if selected > 0 else 0.0)
+    start = start_state(incumbent, baseline, pending)
+    states = kept_states(start, keeps)
+    end = states[-1]
     none = math.prod(1.0 - p for p in keeps)
-    # A later kept change's held-out sessions bring the final check's pairs with them.
+    # A later kept change's held-out sessions bring the final check's pairs with them; the
+    # first kept change's, owed to the end when no later one is kept, are its pairs too.
     beyond = max(0, final_pairs - holdout_pairs)
-    if incumbent is not None and baseline is not None and settings_hash(incumbent) != settings_hash(baseline):
-        final = none * (final_pairs - min(reusable, final_pairs)) + (1.0 - none) * beyond
-    else:
-        final = (1.0 - none) * beyond
+    settled_before = start[2] * none
+    final = (end[1] * final_pairs + settled_before * (final_pairs - min(reusable, final_pairs))
+             + (end[2] - settled_before) * beyond)
     remaining = remaining_trials(
         later, search, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, final_pairs=final,
         batch_candidates=batch_candidates, incumbent=incumbent, baseline=baseline, batch_probes=batch_probes,
+        state=states[1] if selected is not None else start,
     )
     if selected is not None:
         knob = order[knobs_done]
         inc = arm_cost(incumbent)
         cand = arm_cost({"compile": "default"}) if knob == "compile" else inc
         remaining += remaining_in_knob(selected, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, pair_cost=inc + cand,
-                                       third_arm=held_out_third_arm(incumbent, baseline))
+                                       third_arm=held_out_third_arm(incumbent, baseline), held_now=start[1] + start[2])
     return remaining

@@ -116,6 +116,9 @@ class Search:
             self._checkpoint(complete=False)
         self.progress.stage("final", "final check against the baseline")
         n0 = len(self.broker.unstable)
+        # The first kept change's held-out sessions, when no later kept change measured
+        # it: they are the final check's pairs.
+        incumbent = self._incumbent = self.stage.finish(incumbent)
         state.final = self._final_check(base_settings, incumbent)
         if self.broker.unstable[n0:]:
             state.final["unstable"] = "; ".join(filter(None, [state.final.get("unstable"), *self.broker.unstable[n0:]]))
@@ -170,6 +173,7 @@ class Search:
             final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
             skip=self._runs_nothing(later), incumbent=self._incumbent, baseline=self.spec.baseline,
             selected=selected, reusable=reusable, batch_probes=self._batch_probes(),
+            pending=self.stage.deferred is not None,
         )
         self.progress.set_remaining(remaining)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainopt import knobs, plan
@@ -45,6 +46,27 @@ __all__ = ["SearchFailed", "KnobStage", "rescreen_candidates", "MAX_CONFIRM", "S
 
 class SearchFailed(Exception):
     """The search cannot go on (for example, the baseline itself fails)."""
+
+
+@dataclass
+class DeferredHoldout:
+    """The first kept change, whose held-out sessions are not measured yet.
+
+    Attributes:
+        decision: Its decision (kept, with the deciding interval's figures until then).
+        baseline: The settings it was confirmed against: the baseline.
+        settings: Its settings (the incumbent of every later knob).
+        knob: Its knob.
+        stage: Its stage.
+        reason: Its verdict's reason before any held-out figure.
+    """
+
+    decision: Decision
+    baseline: dict[str, Any]
+    settings: dict[str, Any]
+    knob: str
+    stage: str
+    reason: str = field(default="")
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -101,6 +123,9 @@ class KnobStage:
         # flags raised while they ran and what they were: a final check of exactly that
         # comparison reuses them (``Search._final_check``).
         self.held_out: dict[tuple[str, str], tuple[list[Pair], list[str], str]] = {}
+        # The first kept change, while its held-out figure waits for the held-out sessions
+        # of a later kept change or for the end of the search (``finish``).
+        self.deferred: DeferredHoldout | None = None
 
     def run(self, incumbent: dict[str, Any], knob: str, stage: str, values: list[Any]) -> dict[str, Any]:
         """Try every value of ``knob``; return the new incumbent (the old one unless one was confirmed)."""
@@ -192,12 +217,14 @@ class KnobStage:
 
         Every held-out session also serves the final check, so each runs with no other
         session beside it, as the final check's do. Against the baseline itself (the first
-        kept change) its pairs are the final check's if no later change is kept. After an
-        earlier kept change, each session has the baseline as a third arm: the candidate
-        against the incumbent gives the held-out speedup, and the candidate against the
+        kept change, measured at the end of the search unless a later change is kept: see
+        ``DeferredHoldout``) its pairs are the final check's. After an earlier kept change,
+        each session has the baseline as a third arm: the candidate against the incumbent
+        gives the held-out speedup, the incumbent against the baseline the first kept
+        change's (when the incumbent is exactly that change), and the candidate against the
         baseline, in the same fresh sessions, is the final check if no later change is
         kept (six three-arm sessions instead of six more two-arm ones; when a later change
-        is kept, the third arms were measured for nothing).
+        is kept, the third arms served only the first change's figure).
         """
         n = holdout_pairs(self.measure.confidence, self.measure.interval)
         n0 = len(self.broker.unstable)
@@ -206,22 +233,70 @@ class KnobStage:
         nxt = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="holdout", planned=lambda i: n,
                                         exclusive=True, extra=None if against_baseline else dict(baseline))
         pairs = [nxt(i) for i in range(n)]
+        unstable = self.broker.unstable[n0:]
+        if not against_baseline:
+            sessions = [nxt.sessions[i] for i in range(n)]  # type: ignore[attr-defined]
+            first = self.deferred
+            if (first is not None and plan.settings_hash(first.settings) == plan.settings_hash(incumbent)
+                    and all(s.arms[0].ok and s.arms[2].ok for s in sessions)):
+                self.deferred = None
+                self._held_out_figure(first, [Pair(candidate=s.arms[0], incumbent=s.arms[2]) for s in sessions], unstable,
+                                      f"the incumbent and baseline arms of the held-out sessions of {knob}={settings[knob]}")
         if not all(p.candidate.ok and p.incumbent.ok for p in pairs):
             return None, pairs
-        unstable = self.broker.unstable[n0:]
         if against_baseline:
             self.held_out[(plan.settings_hash(incumbent), plan.settings_hash(settings))] = (
                 pairs, unstable, f"the held-out pairs of {knob}={settings[knob]}, the only kept change, so they compared "
                                  "exactly these settings with the baseline")
-        else:
-            sessions = [nxt.sessions[i] for i in range(n)]  # type: ignore[attr-defined]
-            if all(s.arms[2].ok for s in sessions):
-                self.held_out[(plan.settings_hash(baseline), plan.settings_hash(settings))] = (
-                    [Pair(candidate=s.arms[1], incumbent=s.arms[2]) for s in sessions], unstable,
-                    f"the baseline arms of the held-out sessions of {knob}={settings[knob]}, the last kept change: "
-                    "the same fresh sessions compared these settings with the baseline")
+        elif all(s.arms[2].ok for s in sessions):
+            self.held_out[(plan.settings_hash(baseline), plan.settings_hash(settings))] = (
+                [Pair(candidate=s.arms[1], incumbent=s.arms[2]) for s in sessions], unstable,
+                f"the baseline arms of the held-out sessions of {knob}={settings[knob]}, the last kept change: "
+                "the same fresh sessions compared these settings with the baseline")
         logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
         return holdout_estimate(logs, self.measure.confidence, self.measure.interval), pairs
+
+    def _held_out_figure(self, first: DeferredHoldout, pairs: list[Pair], unstable: list[str], label: str) -> None:
+        """The first kept change's held-out figure from a later kept change's sessions."""
+        d = first.decision
+        logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
+        est = holdout_estimate(logs, self.measure.confidence, self.measure.interval)
+        d.extra.pop("holdout_pending", None)
+        d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
+        d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
+        self._figures(d, [p.incumbent for p in pairs], [p.candidate for p in pairs])
+        d.reason = f"{first.reason}; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs ({label})"
+        if unstable:
+            d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *unstable]))
+
+    def finish(self, incumbent: dict[str, Any]) -> dict[str, Any]:
+        """Measure the held-out sessions still owed by the first kept change; return the settings to keep.
+
+        Called once every knob is decided. When no later change was kept, the first kept
+        change's held-out pairs are measured now (they are also the final check's pairs);
+        a candidate that fails in them is dropped, and the baseline comes back.
+        """
+        first = self.deferred
+        if first is None:
+            return incumbent
+        self.deferred = None
+        d = first.decision
+        d.extra.pop("holdout_pending", None)
+        d.reason = first.reason
+        if plan.settings_hash(incumbent) != plan.settings_hash(first.settings):
+            # A later change was kept, but an arm failed in the held-out sessions that were
+            # to measure this one too; the final check measures the combination itself.
+            d.reason += "; an arm failed in the held-out sessions that measured it, so the figure is the deciding interval's (may run high)"
+            return incumbent
+        n0 = len(self.broker.unstable)
+        keep = self._after_holdout(d, *self._holdout(first.baseline, first.settings, first.knob, first.stage))
+        own = self.broker.unstable[n0:]
+        if own:
+            d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *own]))
+        if keep:
+            return incumbent
+        d.kept = False
+        return dict(first.baseline)
 
     def _decide(self, incumbent: dict[str, Any], knob: str, stage: str, ref: TrialResult, screens,
                 screen_unstable: list[str] | None = None) -> dict[str, Any]:
@@ -318,7 +393,19 @@ class KnobStage:
             judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
         if d.verdict != "improved":
             return False
-        est, held = self._holdout(incumbent, settings, knob, stage)
+        if plan.settings_hash(incumbent) == plan.settings_hash(self.broker.spec.baseline) and self.deferred is None:
+            # The first kept change: its held-out pairs are the final check's if no later
+            # change is kept, and a later kept change's held-out sessions measure it against
+            # the baseline anyway (their third arm), so measuring them now would be
+            # measuring them twice whenever a later change is kept.
+            self.deferred = DeferredHoldout(d, dict(incumbent), dict(settings), knob, stage, d.reason)
+            d.extra["holdout_pending"] = True
+            d.reason += "; held-out estimate to come (from a later kept change's held-out sessions, or at the end)"
+            return True
+        return self._after_holdout(d, *self._holdout(incumbent, settings, knob, stage))
+
+    def _after_holdout(self, d: Decision, est, held: list[Pair]) -> bool:
+        """Fill in the held-out figure; returns whether the change may still be kept."""
         failed = next((p.candidate for p in held if not p.candidate.ok), None)
         if failed is not None:
             # A candidate that fails when measured again is not shipped, however fast it was.

@@ -71,36 +71,41 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
 
 
 def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_to_run():
-    from trainopt.plan import remaining_trials, search_remaining
+    from trainopt.plan import kept_states, search_remaining
 
     search = {"amp": ["off", "bf16"], "num_workers": [0, 2]}
     order = ["amp", "num_workers"]
     base = {"batch_size": 32, "amp": "off", "num_workers": 0}
     kept = {**base, "amp": "bf16"}
     kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4, baseline=base)
-    knob = remaining_trials(["num_workers"], search, **{**kw, "final_pairs": 0})
+    # num_workers' screen (incumbent + 1 candidate at 1.4 arms) and its typical confirmations.
+    knob = 2 * 1.4 + 0.8 * 16
     # Nothing kept and no knob left: no final check at all.
     assert search_remaining(order, 2, search, incumbent=base, **kw) == 0
-    # Nothing kept, one knob left: a final check only if it keeps a change (0.36), and then the
-    # one kept change's held-out pairs are the final check: nothing more to measure.
-    assert search_remaining(order, 1, search, incumbent=base, **kw) == pytest.approx(knob + 2 * (6 * 0.36 - 0.36 * 6))
-    # One change kept with 6 reusable pairs: if the last knob keeps another change, its held-out
-    # sessions run the baseline as a third arm (counted with the knob) and are the final check.
-    knob_after = remaining_trials(["num_workers"], search, incumbent=kept, **{**kw, "final_pairs": 0})
-    assert knob_after == pytest.approx(knob + 0.36 * 6 * 1)
-    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob_after)
+    # Nothing kept, one knob left: a change kept there (0.36) is the first, so it measures no
+    # held-out sessions then; its six two-arm ones come at the end and are the final check.
+    assert search_remaining(order, 1, search, incumbent=base, **kw) == pytest.approx(knob + 0.36 * 6 * 2)
+    # One change kept and settled, 6 reusable pairs: if the last knob keeps another change, its
+    # held-out sessions run the baseline as a third arm and are the final check.
+    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob + 0.36 * 6 * 3)
+    # One change kept, its held-out pairs still owed: measured by the last knob's three-arm
+    # held-out sessions if it keeps a change, else at the end (two arms).
+    assert search_remaining(order, 1, search, incumbent=kept, pending=True, **kw) == pytest.approx(
+        knob + 0.36 * 6 * 3 + 0.64 * 6 * 2)
+    assert search_remaining(order, 2, search, incumbent=kept, pending=True, **kw) == 12
     assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **kw) == 0
     # Kept, with nothing reusable (a third arm failed): the final check's 6 pairs are sure.
     assert search_remaining(order, 2, search, incumbent=kept, **kw) == 12
     # A final check of 8 pairs measures the 2 beyond the held-out ones itself.
     assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **{**kw, "final_pairs": 8}) == 4
-    assert search_remaining(order, 1, search, incumbent=base, **{**kw, "final_pairs": 8}) == pytest.approx(
-        remaining_trials(["num_workers"], search, incumbent=base, **{**kw, "final_pairs": 0}) + 0.36 * 2 * 2)
-    # After the last knob's screen selected one candidate: its confirmation and maybe its held-out
-    # pairs, and a final check kept at half (nothing kept before it).
+    assert search_remaining(order, 1, search, incumbent=base, **{**kw, "final_pairs": 8}) == pytest.approx(knob + 0.36 * 8 * 2)
+    # After the last knob's screen selected one candidate: its confirmation now, and at half
+    # the held-out pairs of the first kept change at the end.
     after = search_remaining(order, 1, search, incumbent=base, selected=1, **kw)
-    assert after == pytest.approx(2 * (8 + 0.5 * 6) + 2 * (6 * 0.5 - 0.5 * 6))
+    assert after == pytest.approx(2 * 8 + 0.5 * 6 * 2)
     assert search_remaining(order, 1, search, incumbent=base, selected=0, **kw) == 0
+    # The three situations (none kept, first kept and owed, settled) over two knobs at 0.5 each.
+    assert kept_states((1.0, 0.0, 0.0), [0.5, 0.5]) == [(1.0, 0.0, 0.0), (0.5, 0.5, 0.0), (0.25, 0.5, 0.25)]
 
 
 def test_the_batch_stage_is_expected_to_probe_the_maximum_alone_or_double_and_bisect_where_memory_runs_out():

@@ -323,8 +323,14 @@ def test_after_two_kept_changes_the_final_check_is_the_baseline_arms_of_the_last
     doc = search.run()
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     holdout = [t for t in doc["trials"] if t["role"] == "holdout"]
-    # amp against the baseline: 6 two-arm sessions; num_workers: 6 three-arm ones, the baseline third.
-    assert [t["knob"] for t in holdout].count("amp") == 12 and [t["knob"] for t in holdout].count("num_workers") == 18
+    # amp, the first kept change, has no held-out sessions of its own: num_workers' six
+    # three-arm ones (the baseline third) measure it too, against the baseline.
+    assert [t["knob"] for t in holdout].count("amp") == 0 and [t["knob"] for t in holdout].count("num_workers") == 18
+    amp = by_knob(doc, "amp")[0]
+    assert amp["speedup"] == pytest.approx(1.5, rel=0.05) and amp["extra"]["holdout"]["n_pairs"] == 6
+    assert "holdout_pending" not in amp["extra"]
+    assert "incumbent and baseline arms of the held-out sessions of num_workers=1" in amp["reason"]
+    assert amp["reason"].count("held-out estimate") == 1
     third = [t for t in holdout if t["knob"] == "num_workers" and t["settings"]["amp"] == "off"]
     assert len(third) == 6 and all(t["settings"] == spec.baseline for t in third)
     final = doc["final"]
@@ -342,6 +348,65 @@ def test_after_two_kept_changes_the_final_check_is_the_baseline_arms_of_the_last
     assert again.requests == [] and doc2["final"]["speedup"] == final["speedup"]
 
 
+def test_the_first_kept_change_s_held_out_pairs_wait_for_the_end_when_nothing_later_is_kept(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 0.8}, noise=0.01)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    checkpoints = []
+    search.on_checkpoint = checkpoints.append
+    doc = search.run()
+    ids = [r.trial_id for r in runner.requests]
+    held = [i for i, t in enumerate(ids) if t.startswith("holdout/amp/")]
+    later = [i for i, t in enumerate(ids) if "/num_workers/" in t]
+    # Measured once num_workers is decided (it kept nothing): they are the final check's pairs.
+    assert len(held) == 12 and later and min(held) > max(later)
+    # Until then the partial results say the figure is still to come.
+    amp_then = by_knob(checkpoints[0], "amp")[0]
+    assert amp_then["kept"] and amp_then["extra"].get("holdout_pending") and "to come" in amp_then["reason"]
+    amp = by_knob(doc, "amp")[0]
+    assert amp["kept"] and "holdout_pending" not in amp["extra"] and "to come" not in amp["reason"]
+    assert amp["extra"]["holdout"]["n_pairs"] == 6 and doc["final"]["reused_pairs"] == 6
+
+
+def test_a_first_kept_change_that_fails_in_its_late_held_out_pairs_is_dropped(tmp_path):
+    runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 0.8}, noise=0.01)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    original = runner.run
+
+    def crash_in_holdout(request, log_path, timeout_s):
+        if request.trial_id.startswith("holdout/") and request.settings["amp"] == "bf16":
+            return TrialResult(status="crashed", settings=request.settings, error="fake crash", env={"device_type": "cpu"})
+        return original(request, log_path, timeout_s)
+
+    runner.run = crash_in_holdout
+    doc = search.run()
+    (amp,) = by_knob(doc, "amp")
+    assert amp["verdict"] == "crashed" and not amp["kept"] and "held-out pair" in amp["reason"]
+    assert doc["final"]["verdict"] == "unchanged" and doc["best"]["settings"] == spec.baseline
+
+
+def test_a_search_stopped_before_the_late_held_out_pairs_resumes_without_measuring_twice(tmp_path):
+    effects = {("amp", "bf16"): 1.5, ("num_workers", 1): 0.8}
+    first = FakeRunner(effects, noise=0.01)
+    search, spec = make_search(tmp_path, first, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
+    original = first.run
+
+    def stop_at_the_late_held_out_pairs(request, log_path, timeout_s):
+        if request.trial_id.startswith("holdout/amp/") and len([r for r in first.requests if r.trial_id.startswith("holdout/")]) > 5:
+            raise KeyboardInterrupt
+        return original(request, log_path, timeout_s)
+
+    first.run = stop_at_the_late_held_out_pairs
+    with pytest.raises(KeyboardInterrupt):
+        search.run()
+    done = {r.trial_id for r in first.requests[:-1]}
+    again = FakeRunner(effects, noise=0.01)
+    store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
+    doc = Search(spec, tmp_path, again, store).run()
+    rerun = [r.trial_id for r in again.requests]
+    assert rerun and not done & set(rerun) and all(t.startswith("holdout/amp/") for t in rerun)
+    assert by_knob(doc, "amp")[0]["extra"]["holdout"]["n_pairs"] == 6 and doc["final"]["reused_pairs"] == 6
+
+
 def test_a_third_arm_that_fails_leaves_the_final_check_to_measure_its_own_pairs(tmp_path):
     runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 1.5}, noise=0.01)
     search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
@@ -357,6 +422,10 @@ def test_a_third_arm_that_fails_leaves_the_final_check_to_measure_its_own_pairs(
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     assert [t["role"] for t in doc["trials"]].count("final") == 12 and "reused_pairs" not in doc["final"]
     assert doc["final"]["verdict"] == "improved"
+    # amp's held-out figure was to come from those sessions: it keeps the deciding interval's, and says so.
+    amp = by_knob(doc, "amp")[0]
+    assert amp["kept"] and "holdout" not in amp["extra"] and "holdout_pending" not in amp["extra"]
+    assert "deciding interval's" in amp["reason"] and "to come" not in amp["reason"]
 
 
 def test_held_out_sessions_run_alone_on_several_slots(tmp_path):
@@ -384,8 +453,9 @@ def test_held_out_sessions_run_alone_on_several_slots(tmp_path):
     doc = Search(spec, tmp_path, runner, store, executor=executor).run()
     assert [d["kept"] for d in doc["decisions"]] == [True, True]
     alone = {tuple(ids[0]): exclusive for ids, exclusive in executor.batches}
-    # Every held-out session may be the final check's, so each runs alone; they are the final check here.
-    assert alone[("holdout", "amp")] and alone[("holdout", "num_workers")] and ("final", "final") not in alone
+    # Every held-out session may be the final check's, so each runs alone; they are the final check here
+    # (amp, the first kept change, is measured in them too).
+    assert alone[("holdout", "num_workers")] and ("holdout", "amp") not in alone and ("final", "final") not in alone
     assert not alone[("confirm", "amp")] and not alone[("confirm", "num_workers")]
     # With amp the only kept change, its held-out pairs (measured alone) are the final check.
     (tmp_path / "one").mkdir()
