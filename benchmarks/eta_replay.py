@@ -87,10 +87,14 @@ def replay(out: Path, verbose: bool = False) -> dict:
         # The first kept change's held-out pairs are owed until some held-out session ran
         # (searches recorded before they were deferred ran them right after the verdict).
         pending = len(kept_now) == 1 and (kept_now[0]["knob"], "holdout") not in seen
+        # As Search does: knobs the baseline's loader wait bounds below the margin confirm nothing.
+        wait = (doc.get("baseline") or {}).get("data_wait_fraction")
+        bounded = [k for k in order[done:] if (b := plan.loader_gain_bound(k, incumbent, wait)) is not None
+                   and b < 1.0 + m.min_speedup]
         progress.set_remaining(plan.search_remaining(
             order, done, spec.search, skip=[k for k in skip if order.index(k) >= done], incumbent=incumbent,
             baseline=spec.baseline, selected=sel, reusable=hold if kept_now and not pending else 0, pending=pending,
-            **counts))
+            screen_only=bounded, **counts))
 
     index = -1
     for i, e in enumerate(events):

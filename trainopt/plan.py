@@ -24,6 +24,7 @@ __all__ = [
     "with_knob",
     "remaining_trials",
     "remaining_in_knob",
+    "loader_gain_bound",
     "kept_states",
     "start_state",
     "search_remaining",
@@ -68,6 +69,31 @@ def knob_order(search: Mapping[str, Any], order: str = "guide", bottleneck: str 
     if bottleneck == "input":
         stage_rank["input"] = -1
     return sorted(names, key=lambda n: (stage_rank[knobs.KNOBS[n].stage], names.index(n)))
+
+
+# The measured loader wait is doubled before it bounds a loader change (``loader_gain_bound``):
+# a share of a few windows, measured in one process, is itself uncertain.
+LOADER_WAIT_SAFETY = 2.0
+
+
+def loader_gain_bound(knob: str, incumbent: Mapping[str, Any], data_wait_fraction: float | None) -> float | None:
+    """The most a change of ``knob`` can speed up ``incumbent``, when its input pipeline bounds it.
+
+    Loader workers can only take the loading off the training loop: a step cannot get
+    shorter than it is minus the time the loop spends fetching its batch (everything
+    ``next()`` on the loader costs, which is what ``data_wait_fraction`` measures). From
+    ``num_workers`` 0 that bounds the speedup by ``1 / (1 - w)`` for a wait share ``w``,
+    taken here at ``LOADER_WAIT_SAFETY`` times the measured share. Other loader knobs act
+    where a window need not see it (worker restarts at epoch boundaries, pinned copies
+    outside ``next()``), so they get no bound.
+
+    Returns:
+        The bound, or None where there is none.
+    """
+    if knob != "num_workers" or incumbent.get("num_workers") != 0 or data_wait_fraction is None:
+        return None
+    w = min(0.99, LOADER_WAIT_SAFETY * max(0.0, float(data_wait_fraction)))
+    return 1.0 / (1.0 - w)
 
 
 def with_knob(settings: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
@@ -168,7 +194,8 @@ def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "") -> float
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
                      final_pairs: float, batch_candidates: int, skip: Sequence[str] = (),
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
-                     batch_probes: int = TYPICAL_BATCH_PROBES, state: tuple[float, float, float] | None = None) -> float:
+                     batch_probes: int = TYPICAL_BATCH_PROBES, state: tuple[float, float, float] | None = None,
+                     screen_only: Sequence[str] = ()) -> float:
     """A rough count of the trial processes left (probes and session arms), for the ETA.
 
     Per knob: the screen session (incumbent and candidates), the typical number of
@@ -191,6 +218,7 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         batch_probes: Memory probes of the batch-size stage (``typical_batch_probes``).
         state: Where the held-out sessions stand before these knobs (``kept_states``);
             default: none kept yet when ``incumbent`` is the baseline, else settled.
+        screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin).
     """
     remaining = 0.0
     inc = arm_cost(incumbent)
@@ -209,12 +237,13 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         else:
             cands = max(1, len(search[name]) - 1)
         cand = arm_cost(compiled) if name == "compile" else inc
-        confirmations = min(float(cands), TYPICAL_CONFIRMATIONS)
+        keep = 0.0 if name in screen_only else TYPICAL_KEPT_SHARE
+        confirmations = 0.0 if name in screen_only else min(float(cands), TYPICAL_CONFIRMATIONS)
         screen = arm_cost(incumbent, "screen")
         held_now = state[1] + state[2]
         remaining += (screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen)
-                      + confirmations * confirm_pairs * (inc + cand) + TYPICAL_KEPT_SHARE * held_now * holdout_pairs * (inc + cand + third))
-        state = kept_states(state, [TYPICAL_KEPT_SHARE])[-1]
+                      + confirmations * confirm_pairs * (inc + cand) + keep * held_now * holdout_pairs * (inc + cand + third))
+        state = kept_states(state, [keep])[-1]
         if name == "compile":
             remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
     final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
@@ -280,7 +309,7 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
                      holdout_pairs: int, final_pairs: int, batch_candidates: int, skip: Sequence[str] = (),
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
                      selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES,
-                     pending: bool = False) -> float:
+                     pending: bool = False, screen_only: Sequence[str] = ()) -> float:
     """Trial processes left in the whole search, in plain arms: what the progress ETA counts down.
 
     The final check is counted as far as it is expected: the last kept change's held-out
@@ -307,9 +336,10 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
             held-out sessions, which the final check reuses if no later knob keeps another.
         batch_probes: Memory probes of the batch-size stage.
         pending: The first kept change's held-out pairs are still owed.
+        screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin).
     """
     later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
-    keeps = [TYPICAL_KEPT_SHARE] * len(later)
+    keeps = [0.0 if k in screen_only else TYPICAL_KEPT_SHARE for k in later]
     if selected is not None:
         # The current knob comes first.
         keeps.insert(0, KEPT_AFTER_SELECTION if selected > 0 else 0.0)
@@ -326,7 +356,7 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
     remaining = remaining_trials(
         later, search, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, final_pairs=final,
         batch_candidates=batch_candidates, incumbent=incumbent, baseline=baseline, batch_probes=batch_probes,
-        state=states[1] if selected is not None else start,
+        state=states[1] if selected is not None else start, screen_only=screen_only,
     )
     if selected is not None:
         knob = order[knobs_done]

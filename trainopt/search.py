@@ -173,9 +173,15 @@ class Search:
             final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
             skip=self._runs_nothing(later), incumbent=self._incumbent, baseline=self.spec.baseline,
             selected=selected, reusable=reusable, batch_probes=self._batch_probes(),
-            pending=self.stage.deferred is not None,
+            pending=self.stage.deferred is not None, screen_only=self._screen_only(later),
         )
         self.progress.set_remaining(remaining)
+
+    def _screen_only(self, names: list[str]) -> list[str]:
+        """Knobs whose gain the incumbent's loader wait already bounds below the margin (for the ETA)."""
+        wait = self.stage.loader_wait(self._incumbent)
+        floor = 1.0 + self.spec.measure.min_speedup
+        return [n for n in names if (b := plan.loader_gain_bound(n, self._incumbent, wait)) is not None and b < floor]
 
     def _batch_probes(self) -> int:
         """Probes the batch-size stage will likely run (more where memory can run out)."""

@@ -21,7 +21,7 @@ from trainopt.broker import SessionAsk, TrialBroker
 from trainopt.confirmation import Confirmation, Pair, confirm
 from trainopt.decision import Decision, judge_compile
 from trainopt.protocol import TrialResult
-from trainopt.sequential import SequentialRule, holdout_estimate, holdout_pairs, select_for_confirmation
+from trainopt.sequential import SequentialRule, Selection, holdout_estimate, holdout_pairs, select_for_confirmation
 
 # At most this many candidates of one knob are confirmed (they share the knob's error budget).
 MAX_CONFIRM = 2
@@ -164,7 +164,12 @@ class KnobStage:
         """Screen ``cands`` against ``incumbent``, confirm the most promising, and return the adopted settings."""
         n0 = len(self.broker.unstable)
         ref, screens = self._screen(incumbent, cands, stage, knob)
-        again = rescreen_candidates([sp for _, _, sp in screens], SCREEN_GATE, self.rescreen_floor, MAX_CONFIRM)
+        wait = self.loader_wait(incumbent)
+        bound = plan.loader_gain_bound(knob, incumbent, wait)
+        if bound is not None and bound >= 1.0 + self.measure.min_speedup:
+            bound = None
+        again = [] if bound is not None else rescreen_candidates([sp for _, _, sp in screens], SCREEN_GATE,
+                                                                   self.rescreen_floor, MAX_CONFIRM)
         if again:
             _, second = self._screen(incumbent, [screens[i][0] for i in again], stage, knob, tag="rescreen")
             for i, (_, r2, sp2) in zip(again, second):
@@ -176,7 +181,22 @@ class KnobStage:
                 else:
                     screens[i] = (settings, r, math.sqrt(sp * sp2))
                 self._screened_twice[plan.settings_hash(settings)] = both
-        return self._decide(incumbent, knob, stage, ref, screens, self.broker.unstable[n0:])
+        return self._decide(incumbent, knob, stage, ref, screens, self.broker.unstable[n0:],
+                            cap=(bound, wait) if bound is not None else None)
+
+    def loader_wait(self, settings: dict[str, Any]) -> float | None:
+        """The mean share of a step that the processes of ``settings`` measured so far waited for the DataLoader.
+
+        Every session arm, probe and one-shot trial of exactly these settings counts (for
+        the incumbent after a kept change, its confirmation and held-out arms too): one
+        process's share scatters (0.8-1.9 % over the demo's arms of one setting), the mean
+        over many does much less.
+        """
+        key = plan.settings_hash(settings)
+        waits = [t.result.data_wait_fraction for t in self.broker.state.trials
+                 if t.result.ok and t.result.data_wait_fraction is not None and t.result.settings
+                 and plan.settings_hash(t.result.settings) == key]
+        return statistics.fmean(waits) if waits else None
 
     def _screen(self, incumbent: dict[str, Any], cands: list[dict[str, Any]], stage: str, knob: str,
                 tag: str = "screen"):
@@ -299,16 +319,27 @@ class KnobStage:
         return dict(first.baseline)
 
     def _decide(self, incumbent: dict[str, Any], knob: str, stage: str, ref: TrialResult, screens,
-                screen_unstable: list[str] | None = None) -> dict[str, Any]:
+                screen_unstable: list[str] | None = None, cap: tuple[float, float] | None = None) -> dict[str, Any]:
         """Turn screens into decisions, confirm the most promising, adopt the first improved one.
 
         The screen only chooses what to confirm (the best candidates not clearly slower),
         best screen first, until one is improved: each confirmation runs on fresh pairs
         under the sequential rule, which shares the knob's error budget among the
         candidates selected. An improved change's reported speedup comes from further
-        fresh pairs that took no part in the verdict.
+        fresh pairs that took no part in the verdict. With ``cap`` (bound, measured wait:
+        ``plan.loader_gain_bound`` below the margin) nothing is confirmed: no candidate
+        can truly clear the margin, so a confirmation could only find a false win.
         """
         selection = select_for_confirmation([sp for _, _, sp in screens], MAX_CONFIRM, SCREEN_GATE)
+        if cap is not None and selection.indices:
+            bound, wait = cap
+            reasons = dict(selection.reasons)
+            for i in selection.indices:
+                reasons[i] = (f"screened at {screens[i][2]:.3f}x; not confirmed: the incumbent waited for the DataLoader "
+                              f"in {wait:.1%} of each step, so loader workers can make it at most {bound:.3f}x faster "
+                              f"(even at {plan.LOADER_WAIT_SAFETY:g} times that wait), below the "
+                              f"{1 + self.measure.min_speedup:.2f}x margin")
+            selection = Selection([], 1, reasons)
         if self.on_selected is not None:
             self.on_selected(len(selection.indices))
         decisions: list[Decision] = []

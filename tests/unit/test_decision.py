@@ -104,6 +104,10 @@ def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_t
     after = search_remaining(order, 1, search, incumbent=base, selected=1, **kw)
     assert after == pytest.approx(2 * 8 + 0.5 * 6 * 2)
     assert search_remaining(order, 1, search, incumbent=base, selected=0, **kw) == 0
+    # A knob expected to confirm nothing (its gain bounded below the margin) costs its screen only.
+    assert search_remaining(order, 1, search, incumbent=base, screen_only=["num_workers"], **kw) == pytest.approx(2 * 1.4)
+    assert search_remaining(order, 0, search, incumbent=base, screen_only=["num_workers"], **kw) == pytest.approx(
+        2 * 1.4 + 0.8 * 16 + 2 * 1.4 + 0.36 * 6 * 2)
     # The three situations (none kept, first kept and owed, settled) over two knobs at 0.5 each.
     assert kept_states((1.0, 0.0, 0.0), [0.5, 0.5]) == [(1.0, 0.0, 0.0), (0.5, 0.5, 0.0), (0.25, 0.5, 0.25)]
 
@@ -204,3 +208,19 @@ def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
     for wall in [2.0] * 9 + [40.0]:
         progress.trial_finished(SimpleNamespace(samples_per_s=1.0, error=None, status="ok", wall_s=wall))
     assert progress._eta() == 10 * 2.0
+
+
+def test_the_loader_wait_bounds_what_loader_workers_can_gain_from_none():
+    from trainopt.plan import loader_gain_bound
+
+    base = {"num_workers": 0}
+    # Twice the measured wait: at 1 % the loop could lose at most 2 % of its step.
+    assert loader_gain_bound("num_workers", base, 0.01) == pytest.approx(1 / 0.98)
+    assert loader_gain_bound("num_workers", base, 0.0) == 1.0
+    assert loader_gain_bound("num_workers", base, 0.6) == pytest.approx(100.0)
+    # No bound where the wait was not measured, from an incumbent that already has workers, or
+    # for loader knobs that act where a window need not see it.
+    assert loader_gain_bound("num_workers", base, None) is None
+    assert loader_gain_bound("num_workers", {"num_workers": 2}, 0.01) is None
+    for knob in ("pin_memory", "persistent_workers", "prefetch_factor", "amp"):
+        assert loader_gain_bound(knob, base, 0.01) is None

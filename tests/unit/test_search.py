@@ -25,12 +25,14 @@ class FakeRunner:
     """Throughput = base x effects(settings) x lognormal noise; OOM above ``fits_up_to``."""
 
     def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0, final_factor=1.0,
-                 late_roles=("final",)):
+                 late_roles=("final",), wait=0.05):
         # final_factor scales the candidate's runs in the final check only (and in the
         # held-out pairs too with late_roles=("holdout", "final")): the settings measured
         # slower (or faster) against the baseline than the confirmations suggested.
         self.final_factor = final_factor
         self.late_roles = late_roles
+        # The share of each step spent waiting for the DataLoader, at num_workers 0 (none with workers).
+        self.wait = wait
         self.effects = effects or {}
         self.fits_up_to = fits_up_to
         self.noise = noise
@@ -59,7 +61,8 @@ class FakeRunner:
         speed *= math.exp(self.rng.gauss(0, self.noise))
         return TrialResult(
             status="ok", settings=s, mode="measure", samples_per_s=speed, windows=[speed] * 4,
-            step_time_s=s["batch_size"] / speed, data_wait_fraction=0.05, peak_memory_bytes=s["batch_size"] * 2**20,
+            step_time_s=s["batch_size"] / speed, data_wait_fraction=self.wait if s["num_workers"] == 0 else 0.0,
+            peak_memory_bytes=s["batch_size"] * 2**20,
             compile_s=self.compile_s if s["compile"] != "off" else None, env=env, dataset_len=4096,
         )
 
@@ -346,6 +349,32 @@ def test_after_two_kept_changes_the_final_check_is_the_baseline_arms_of_the_last
     store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
     doc2 = Search(spec, tmp_path, again, store).run()
     assert again.requests == [] and doc2["final"]["speedup"] == final["speedup"]
+
+
+def test_loader_workers_are_not_confirmed_when_the_loader_wait_bounds_them_below_the_margin(tmp_path):
+    # The incumbent waits 1 % of each step for its batches: workers can make it at most
+    # 1/(1 - 0.02) = 1.0204x faster at twice that wait, below the 1.03x margin. The fake
+    # screens them faster (as a noisy screen can): measured, but not confirmed.
+    runner = FakeRunner({("num_workers", 2): 1.08}, wait=0.01)
+    search, spec = make_search(tmp_path, runner, {"num_workers": [0, 2]})
+    doc = search.run()
+    (nw,) = by_knob(doc, "num_workers")
+    assert nw["verdict"] == "screened-out" and not nw["kept"] and nw["screen_speedup"] > 1.03
+    assert "waited for the DataLoader in 1.0% of each step" in nw["reason"] and "at most 1.020x" in nw["reason"]
+    roles = {t["role"] for t in doc["trials"] if t["knob"] == "num_workers"}
+    assert roles == {"screen"}
+    # With a tenth of each step waiting, workers may win: confirmed as usual.
+    (tmp_path / "slow").mkdir()
+    runner = FakeRunner({("num_workers", 2): 1.08}, wait=0.10)
+    search, _ = make_search(tmp_path / "slow", runner, {"num_workers": [0, 2]})
+    (nw,) = by_knob(search.run(), "num_workers")
+    assert nw["verdict"] == "improved" and nw["kept"]
+    # min_speedup 0: no wait bounds a gain below a zero margin unless there is no wait at all.
+    (tmp_path / "zero").mkdir()
+    runner = FakeRunner({("num_workers", 2): 1.08}, wait=0.01)
+    search, _ = make_search(tmp_path / "zero", runner, {"num_workers": [0, 2]}, min_speedup=0.0)
+    (nw,) = by_knob(search.run(), "num_workers")
+    assert nw["verdict"] == "improved"
 
 
 def test_the_first_kept_change_s_held_out_pairs_wait_for_the_end_when_nothing_later_is_kept(tmp_path):
