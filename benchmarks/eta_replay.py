@@ -82,19 +82,25 @@ def replay(out: Path, verbose: bool = False) -> dict:
 
     seen: set[tuple[str, str]] = set()
 
-    def update(done: int, sel: int | None = None) -> None:
+    def update(done: int, sel: int | None = None, confirming=None) -> None:
         kept_now = [d for d in kept if d["knob"] in order[:done]]
         # The first kept change's held-out pairs are owed until some held-out session ran
         # (searches recorded before they were deferred ran them right after the verdict).
         pending = len(kept_now) == 1 and (kept_now[0]["knob"], "holdout") not in seen
         # As Search does: knobs the baseline's loader wait bounds below the margin confirm nothing.
         wait = (doc.get("baseline") or {}).get("data_wait_fraction")
-        bounded = [k for k in order[done:] if (b := plan.loader_gain_bound(k, incumbent, wait)) is not None
-                   and b < 1.0 + m.min_speedup]
+        env = doc.get("env") or {}
+        bounded = [k for k in order[done:] if ((b := plan.loader_gain_bound(k, incumbent, wait)) is not None
+                   and b < 1.0 + m.min_speedup) or plan.expected_to_confirm_nothing(
+                       k, env.get("device_type"), env.get("cpu_flags"), spec.search[k])]
         progress.set_remaining(plan.search_remaining(
             order, done, spec.search, skip=[k for k in skip if order.index(k) >= done], incumbent=incumbent,
             baseline=spec.baseline, selected=sel, reusable=hold if kept_now and not pending else 0, pending=pending,
-            screen_only=bounded, **counts))
+            screen_only=bounded, confirming=confirming, **counts))
+
+    # Confirmation pairs finished per candidate, and which of the knob's candidates it is.
+    pairs_done: dict[str, int] = {}
+    order_in_knob: dict[str, list[str]] = {}
 
     index = -1
     for i, e in enumerate(events):
@@ -111,6 +117,19 @@ def replay(out: Path, verbose: bool = False) -> dict:
             update(index, selected[knob])
         result = SimpleNamespace(status=t["status"], samples_per_s=t["samples_per_s"], error=t["error"], wall_s=t["wall_s"])
         progress.trial_finished(result, wall_s=e["wall"], cost=e["cost"])
+        nxt_t = events[i + 1]["trial"] if i + 1 < len(events) else None
+        if role == "confirm" and (t.get("session") or {}).get("arm") == 1:
+            # Where Search is told: the rule went on past a look (the next pair follows).
+            key = json.dumps(t["settings"], sort_keys=True)
+            order_in_knob.setdefault(knob, [])
+            if key not in order_in_knob[knob]:
+                order_in_knob[knob].append(key)
+            n = pairs_done[key] = pairs_done.get(key, 0) + 1
+            rule = SequentialRule.from_measure(m, family=max(1, selected[knob]))
+            looks = [look.n for look in rule.looks]
+            going_on = nxt_t is not None and nxt_t["role"] == "confirm" and nxt_t["knob"] == knob
+            if n in looks and going_on and n < m.max_pairs:
+                update(index, selected[knob], confirming=(order_in_knob[knob].index(key), n, rule.next_look(n), looks))
         if knob == "baseline":
             update(0)
         nxt = events[i + 1]["trial"] if i + 1 < len(events) else None

@@ -24,7 +24,9 @@ __all__ = [
     "with_knob",
     "remaining_trials",
     "remaining_in_knob",
+    "confirmation_left",
     "loader_gain_bound",
+    "expected_to_confirm_nothing",
     "kept_states",
     "start_state",
     "search_remaining",
@@ -96,6 +98,24 @@ def loader_gain_bound(knob: str, incumbent: Mapping[str, Any], data_wait_fractio
     return 1.0 / (1.0 - w)
 
 
+# CPU instructions that make bf16 matmuls and convolutions fast (without them PyTorch emulates
+# bf16: the demo's bf16 arms ran at 0.06-0.08x on two CPUs without them).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def expected_to_confirm_nothing(knob: str, device_type: str | None, cpu_flags: Sequence[str] | None,
+                                values: Sequence[Any]) -> bool:
+    """Whether a knob's screen is expected to select nothing here (for the ETA only).
+
+    Reduced precision on a CPU without bf16 instructions: bf16 is emulated there and fp16
+    has no fast kernels, so every candidate screens far below the incumbent. Nothing is
+    decided from this; the screen still measures every candidate.
+    """
+    if knob != "amp" or device_type != "cpu" or cpu_flags is None:
+        return False
+    return not set(BF16_CPU_FLAGS) & set(cpu_flags) and all(v in ("off", "bf16", "fp16") for v in values)
+
+
 def with_knob(settings: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
     """A copy of ``settings`` with one knob changed."""
     out = dict(settings)
@@ -160,6 +180,10 @@ TYPICAL_CONFIRMATIONS = 0.8
 TYPICAL_KEPT_SHARE = 0.36
 SECOND_CONFIRMATION_SHARE = 0.75
 KEPT_AFTER_SELECTION = 0.5
+# A confirmation that went on past a look goes on past the next one too about this often:
+# of the 28 confirmations that went past their first look in the demo runs H-T (looks at 6,
+# 9 and 14 pairs), 11 stopped at 9 and 17 ran to 14.
+CONTINUE_SHARE = 0.6
 
 # What one session arm costs against a plain arm, by its settings. A compiled arm compiles
 # in every process (from the warm cache): in demo runs I and J (2026-12-05) a pair with one
@@ -288,8 +312,29 @@ def held_out_third_arm(incumbent: Mapping[str, Any] | None, baseline: Mapping[st
     return arm_cost(baseline)
 
 
+def confirmation_left(measured: int, next_look: int, looks: Sequence[int]) -> float:
+    """Pairs a confirmation is still expected to take once its rule went on past a look.
+
+    Every pair up to ``next_look`` is certain (the rule cannot stop before it); each later
+    look is reached at ``CONTINUE_SHARE`` of the one before.
+
+    Args:
+        measured: Pairs measured so far.
+        next_look: The rule's next look (``SequentialRule.next_look``).
+        looks: The rule's look sizes, in order.
+    """
+    left, reach, last = float(max(0, next_look - measured)), 1.0, next_look
+    for n in sorted(looks):
+        if n > last:
+            reach *= CONTINUE_SHARE
+            left += reach * (n - last)
+            last = n
+    return left
+
+
 def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, pair_cost: float = 2.0,
-                      third_arm: float = 0.0, held_now: float = 1.0) -> float:
+                      third_arm: float = 0.0, held_now: float = 1.0,
+                      confirming: tuple[int, int, int, Sequence[int]] | None = None) -> float:
     """Trial processes a knob still runs after its screen selected ``selected`` candidates.
 
     The first is confirmed; a second only when the first is not improved (taken as
@@ -298,18 +343,27 @@ def remaining_in_knob(selected: int, *, confirm_pairs: int, holdout_pairs: int, 
     ``third_arm`` the baseline arm of each held-out session (``held_out_third_arm``);
     ``held_now`` the chance that a kept change measures its held-out sessions now (0 for
     the first kept change, which measures them later or never: ``kept_states``).
+    ``confirming`` is ``(index, measured, next_look, looks)`` while a confirmation runs:
+    which of the selected candidates it confirms (0 or 1), how many pairs it measured, and
+    its rule's next look and look sizes; its pairs are then counted by ``confirmation_left``.
     """
     if selected <= 0:
         return 0.0
+    held = KEPT_AFTER_SELECTION * held_now * holdout_pairs * (pair_cost + third_arm)
+    if confirming is not None:
+        index, measured, next_look, looks = confirming
+        later = SECOND_CONFIRMATION_SHARE * (selected - 1 - index) if index == 0 else 0.0
+        return pair_cost * (confirmation_left(measured, next_look, looks) + later * confirm_pairs) + held
     confirmations = 1.0 + SECOND_CONFIRMATION_SHARE * (selected - 1)
-    return pair_cost * confirmations * confirm_pairs + KEPT_AFTER_SELECTION * held_now * holdout_pairs * (pair_cost + third_arm)
+    return pair_cost * confirmations * confirm_pairs + held
 
 
 def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str, Any], *, confirm_pairs: int,
                      holdout_pairs: int, final_pairs: int, batch_candidates: int, skip: Sequence[str] = (),
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
                      selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES,
-                     pending: bool = False, screen_only: Sequence[str] = ()) -> float:
+                     pending: bool = False, screen_only: Sequence[str] = (),
+                     confirming: tuple[int, int, int, Sequence[int]] | None = None) -> float:
     """Trial processes left in the whole search, in plain arms: what the progress ETA counts down.
 
     The final check is counted as far as it is expected: the last kept change's held-out
@@ -337,6 +391,7 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         batch_probes: Memory probes of the batch-size stage.
         pending: The first kept change's held-out pairs are still owed.
         screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin).
+        confirming: While the current knob confirms a candidate (``remaining_in_knob``).
     """
     later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
     keeps = [0.0 if k in screen_only else TYPICAL_KEPT_SHARE for k in later]
@@ -363,5 +418,6 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         inc = arm_cost(incumbent)
         cand = arm_cost({"compile": "default"}) if knob == "compile" else inc
         remaining += remaining_in_knob(selected, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, pair_cost=inc + cand,
-                                       third_arm=held_out_third_arm(incumbent, baseline), held_now=start[1] + start[2])
+                                       third_arm=held_out_third_arm(incumbent, baseline), held_now=start[1] + start[2],
+                                       confirming=confirming)
     return remaining

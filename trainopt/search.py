@@ -76,6 +76,8 @@ class Search:
         self.stage = KnobStage(self.broker, spec.measure, run_length_steps=spec.run_length_steps, decisions=self.state.decisions,
                                rule=rule)
         self.stage.on_selected = self._selected
+        self.stage.on_look = self._look
+        self._selected_now = 0
         self._knob_index = 0
         # The settings adopted so far (what every later arm holds, for the ETA's prices).
         self._incumbent: dict[str, Any] = dict(spec.baseline)
@@ -151,7 +153,8 @@ class Search:
                 "those verdicts are marked and may be wrong - run the search again on a quieter machine"
             )
 
-    def _update_eta(self, knobs_done: int, selected: int | None = None, reusable: int = 0) -> None:
+    def _update_eta(self, knobs_done: int, selected: int | None = None, reusable: int = 0,
+                    confirming: tuple[int, int, int, Any] | None = None) -> None:
         """Tell the progress how many trial processes are left.
 
         Args:
@@ -160,6 +163,7 @@ class Search:
                 selected for confirmation (the rest of that knob is then counted from it).
             reusable: Held-out pairs the final check would reuse if no later knob kept a
                 change (counted only once no knob is left that could keep one).
+            confirming: While a confirmation runs, where it stands (``plan.remaining_in_knob``).
         """
         from trainopt.sequential import SequentialRule, typical_pairs
 
@@ -173,15 +177,19 @@ class Search:
             final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
             skip=self._runs_nothing(later), incumbent=self._incumbent, baseline=self.spec.baseline,
             selected=selected, reusable=reusable, batch_probes=self._batch_probes(),
-            pending=self.stage.deferred is not None, screen_only=self._screen_only(later),
+            pending=self.stage.deferred is not None, screen_only=self._screen_only(later), confirming=confirming,
         )
         self.progress.set_remaining(remaining)
 
     def _screen_only(self, names: list[str]) -> list[str]:
-        """Knobs whose gain the incumbent's loader wait already bounds below the margin (for the ETA)."""
+        """Knobs expected to confirm nothing (for the ETA): loader workers whose gain the incumbent's
+        loader wait bounds below the margin, reduced precision on a CPU without bf16 instructions."""
         wait = self.stage.loader_wait(self._incumbent)
         floor = 1.0 + self.spec.measure.min_speedup
-        return [n for n in names if (b := plan.loader_gain_bound(n, self._incumbent, wait)) is not None and b < floor]
+        env = self.state.baseline.env if self.state.baseline is not None else {}
+        return [n for n in names
+                if ((b := plan.loader_gain_bound(n, self._incumbent, wait)) is not None and b < floor)
+                or plan.expected_to_confirm_nothing(n, self.broker.device_type, env.get("cpu_flags"), self.spec.search[n])]
 
     def _batch_probes(self) -> int:
         """Probes the batch-size stage will likely run (more where memory can run out)."""
@@ -189,7 +197,12 @@ class Search:
         return plan.typical_batch_probes(int(self.spec.baseline.get("batch_size") or 1), self.spec.batch_search.max, capped)
 
     def _selected(self, count: int) -> None:
+        self._selected_now = count
         self._update_eta(self._knob_index, selected=count)
+
+    def _look(self, index: int, measured: int, next_look: int, looks: list[int]) -> None:
+        # The rule went on past a look: count this confirmation from where it stands.
+        self._update_eta(self._knob_index, selected=self._selected_now, confirming=(index, measured, next_look, tuple(looks)))
 
     def _runs_nothing(self, names: list[str]) -> list[str]:
         """Knobs none of whose candidates apply on this device (recorded, never run)."""

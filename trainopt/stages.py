@@ -110,6 +110,10 @@ class KnobStage:
         self.decisions = decisions
         # Told how many candidates a screen selected for confirmation (the search's ETA).
         self.on_selected: Any = None
+        # Told (index, pairs measured, next look, look sizes) whenever a confirmation's rule
+        # goes on past a look (the search's ETA).
+        self.on_look: Any = None
+        self._confirming = 0
         # The one-shot cold-compile trial of each compiled candidate, by settings hash.
         self.cold_compile: dict[str, TrialResult] = {}
         # Both screen ratios of each candidate screened twice, by settings hash.
@@ -228,7 +232,17 @@ class KnobStage:
     def _confirm(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str, family: int) -> Confirmation:
         rule = self.rule or SequentialRule.from_measure(self.measure, family=family)
         # A rule that cannot say when it next may stop gets its pairs one at a time.
-        planned = getattr(rule, "next_look", lambda n: n + 1)
+        next_look = getattr(rule, "next_look", lambda n: n + 1)
+        looks = [look.n for look in getattr(rule, "looks", ())]
+        index = self._confirming
+
+        def planned(n: int) -> int:
+            nxt = next_look(n)
+            if n > 0 and self.on_look is not None:
+                # Asked again only after the rule went on past a look.
+                self.on_look(index, n, nxt, looks)
+            return nxt
+
         pairs = self.broker.pair_sessions(incumbent, settings, stage=stage, knob=knob, role="confirm", planned=planned)
         return confirm(pairs, rule, self.pairs)
 
@@ -387,6 +401,7 @@ class KnobStage:
                             "which screened faster, was confirmed improved")
                 continue
             n0 = len(self.broker.unstable)
+            self._confirming = selection.indices.index(index)
             if self._confirm_and_estimate(incumbent, settings, knob, stage, r, d, selection.family):
                 d.kept, winner, incumbent = True, d, settings
             own = self.broker.unstable[n0:]

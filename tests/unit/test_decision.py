@@ -224,3 +224,31 @@ def test_the_loader_wait_bounds_what_loader_workers_can_gain_from_none():
     assert loader_gain_bound("num_workers", {"num_workers": 2}, 0.01) is None
     for knob in ("pin_memory", "persistent_workers", "prefetch_factor", "amp"):
         assert loader_gain_bound(knob, base, 0.01) is None
+
+
+def test_reduced_precision_on_a_cpu_without_bf16_instructions_is_expected_to_confirm_nothing():
+    from trainopt.plan import expected_to_confirm_nothing
+
+    amp = ["off", "bf16"]
+    assert expected_to_confirm_nothing("amp", "cpu", ["avx2", "fma"], amp)
+    assert expected_to_confirm_nothing("amp", "cpu", [], ["off", "bf16", "fp16"])
+    # bf16 units, a GPU, unknown flags, or another knob: the usual expectation.
+    assert not expected_to_confirm_nothing("amp", "cpu", ["avx2", "avx512_bf16"], amp)
+    assert not expected_to_confirm_nothing("amp", "cpu", ["amx_bf16"], amp)
+    assert not expected_to_confirm_nothing("amp", "cuda", [], amp)
+    assert not expected_to_confirm_nothing("amp", "cpu", None, amp)
+    assert not expected_to_confirm_nothing("compile", "cpu", [], ["off", "default"])
+
+
+def test_a_confirmation_past_a_look_is_counted_from_where_it_stands():
+    from trainopt.plan import CONTINUE_SHARE, confirmation_left, remaining_in_knob
+
+    looks = [6, 9, 14]
+    # Past the first look: 3 pairs are certain, the last look's 5 only at CONTINUE_SHARE.
+    assert confirmation_left(6, 9, looks) == pytest.approx(3 + CONTINUE_SHARE * 5)
+    assert confirmation_left(9, 14, looks) == 5
+    assert confirmation_left(0, 6, looks) == pytest.approx(6 + CONTINUE_SHARE * 3 + CONTINUE_SHARE**2 * 5)
+    # In the knob: this confirmation, the second candidate's at its usual share, the held-out pairs.
+    kw = dict(confirm_pairs=10, holdout_pairs=6, pair_cost=2.0)
+    assert remaining_in_knob(2, confirming=(0, 9, 14, looks), **kw) == pytest.approx(2 * (5 + 0.75 * 10) + 0.5 * 6 * 2)
+    assert remaining_in_knob(2, confirming=(1, 9, 14, looks), **kw) == pytest.approx(2 * 5 + 0.5 * 6 * 2)

@@ -377,6 +377,24 @@ def test_loader_workers_are_not_confirmed_when_the_loader_wait_bounds_them_below
     assert nw["verdict"] == "improved"
 
 
+def test_the_eta_is_told_where_a_confirmation_stands_at_each_look_it_goes_on_from(tmp_path):
+    # A change right at the margin: the rule goes on past its looks to the budget.
+    runner = FakeRunner({("amp", "bf16"): 1.03}, noise=0.02)
+    search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
+    told, remaining = [], []
+    original = search._look
+    search.stage.on_look = lambda *a: (told.append(a), original(*a))
+    search.progress.set_remaining = remaining.append
+    doc = search.run()
+    (amp,) = by_knob(doc, "amp")
+    looks = [4, 6, 8]
+    # Told once per look it went on from (every look before the one that stopped it), with the next one.
+    passed = [n for n in looks if n < amp["n_pairs"]]
+    assert passed and [t[:3] for t in told] == [(0, n, looks[looks.index(n) + 1]) for n in passed]
+    assert all(list(t[3]) == looks for t in told)
+    assert len(remaining) >= 2 + len(told)
+
+
 def test_the_first_kept_change_s_held_out_pairs_wait_for_the_end_when_nothing_later_is_kept(tmp_path):
     runner = FakeRunner({("amp", "bf16"): 1.5, ("num_workers", 1): 0.8}, noise=0.01)
     search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"], "num_workers": [0, 1]})
