@@ -71,6 +71,7 @@ class FakeRunner:
         fits_up_to: Largest batch size that fits in memory.
         fail: ``{(knob, value): status}``: settings that fail with that status.
         seed: Seed of the noise.
+        wait: The share of each step every trial reports waiting for the DataLoader.
     """
 
     def __init__(
@@ -87,8 +88,10 @@ class FakeRunner:
         fits_up_to: int = 10**9,
         fail: dict[tuple[str, Any], str] | None = None,
         seed: int = 0,
+        wait: float = 0.05,
     ):
         self.effects = dict(effects or {})
+        self.wait = wait
         self.base = base
         self.process_sd, self.arm_sd, self.session_sd = process_sd, arm_sd, session_sd
         self.window_sd, self.n_windows = window_sd, windows
@@ -127,7 +130,7 @@ class FakeRunner:
             windows = [speed] * self.n_windows
         return TrialResult(
             status="ok", settings=s, mode="measure", samples_per_s=speed, windows=windows, window_steps=10,
-            step_time_s=batch / speed, data_wait_fraction=0.05, peak_memory_bytes=batch * 2**20,
+            step_time_s=batch / speed, data_wait_fraction=self.wait, peak_memory_bytes=batch * 2**20,
             env=ENV, dataset_len=4096, steps=10 * len(windows),
         )
 

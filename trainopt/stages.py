@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainopt import knobs, plan
@@ -66,7 +66,7 @@ class DeferredHoldout:
     settings: dict[str, Any]
     knob: str
     stage: str
-    reason: str = field(default="")
+    reason: str = ""
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -294,12 +294,9 @@ class KnobStage:
         """The first kept change's held-out figure from a later kept change's sessions."""
         d = first.decision
         logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in pairs]
-        est = holdout_estimate(logs, self.measure.confidence, self.measure.interval)
         d.extra.pop("holdout_pending", None)
-        d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
-        d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
-        self._figures(d, [p.incumbent for p in pairs], [p.candidate for p in pairs])
-        d.reason = f"{first.reason}; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs ({label})"
+        d.reason = first.reason
+        self._after_holdout(d, holdout_estimate(logs, self.measure.confidence, self.measure.interval), pairs, label)
         if unstable:
             d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *unstable]))
 
@@ -450,8 +447,8 @@ class KnobStage:
             return True
         return self._after_holdout(d, *self._holdout(incumbent, settings, knob, stage))
 
-    def _after_holdout(self, d: Decision, est, held: list[Pair]) -> bool:
-        """Fill in the held-out figure; returns whether the change may still be kept."""
+    def _after_holdout(self, d: Decision, est, held: list[Pair], label: str = "") -> bool:
+        """Fill in the held-out figure (``label``: where its pairs come from); returns whether the change may still be kept."""
         failed = next((p.candidate for p in held if not p.candidate.ok), None)
         if failed is not None:
             # A candidate that fails when measured again is not shipped, however fast it was.
@@ -464,6 +461,8 @@ class KnobStage:
         d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
         self._figures(d, [p.incumbent for p in held], [p.candidate for p in held])
         d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
+        if label:
+            d.reason += f" ({label})"
         return True
 
     @staticmethod
