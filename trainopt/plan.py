@@ -99,7 +99,7 @@ def loader_gain_bound(knob: str, incumbent: Mapping[str, Any], data_wait_fractio
 
 
 # CPU instructions that make bf16 matmuls and convolutions fast (without them PyTorch emulates
-# bf16: the demo's bf16 arms ran at 0.06-0.08x on two CPUs without them).
+# bf16: the demo's bf16 arms screened at 0.055-0.09x in 19 runs on two CPUs without them).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
