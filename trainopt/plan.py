@@ -242,7 +242,8 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
         batch_probes: Memory probes of the batch-size stage (``typical_batch_probes``).
         state: Where the held-out sessions stand before these knobs (``kept_states``);
             default: none kept yet when ``incumbent`` is the baseline, else settled.
-        screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin).
+        screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin,
+            ``expected_to_confirm_nothing``).
     """
     remaining = 0.0
     inc = arm_cost(incumbent)
@@ -390,7 +391,8 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
             held-out sessions, which the final check reuses if no later knob keeps another.
         batch_probes: Memory probes of the batch-size stage.
         pending: The first kept change's held-out pairs are still owed.
-        screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin).
+        screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin,
+            ``expected_to_confirm_nothing``).
         confirming: While the current knob confirms a candidate (``remaining_in_knob``).
     """
     later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
