@@ -27,9 +27,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt.protocol import TrialRequest  # noqa: E402
-from trainopt.session import InterleavedSessionRunner  # noqa: E402
-from trainopt.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.contract.protocol import TrialRequest  # noqa: E402
+from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.execute.session import InterleavedSessionRunner  # noqa: E402
 
 
 def _requests(args, out: Path, tag: str) -> tuple[list[TrialRequest], list[Path]]:

@@ -1,7 +1,7 @@
 """What importing the compiler in the arm launcher saves a compiled arm, and what it leaves unchanged.
 
 A compiled arm is forked from the launcher and compiles its model in its warm-up. The
-launcher imports ``trainopt.launcher.COMPILER`` on the first request for a compiled arm, so
+launcher imports ``trainopt.contract.boundary.COMPILER_PRELOAD`` on the first request for a compiled arm, so
 every later compiled arm starts with the compiler imported. This runs sessions of a plain
 and a compiled arm of the same spec (compile off against default), alternating between a
 launcher that imports the compiler and one that does not, and prints, per design, the
@@ -27,10 +27,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt import session as session_mod  # noqa: E402
-from trainopt.protocol import TrialRequest  # noqa: E402
-from trainopt.session import InterleavedSessionRunner  # noqa: E402
-from trainopt.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.contract.protocol import TrialRequest  # noqa: E402
+from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.execute import session as session_mod  # noqa: E402
+from trainopt.execute.session import InterleavedSessionRunner  # noqa: E402
 
 _preload = session_mod.arm_preload
 DESIGN = {"value": "import"}

@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt import stats  # noqa: E402
-from trainopt.protocol import TrialRequest  # noqa: E402
-from trainopt.runner import SubprocessRunner  # noqa: E402
-from trainopt.spec import load_spec  # noqa: E402
+from trainopt.contract.protocol import TrialRequest  # noqa: E402
+from trainopt.contract.spec import load_spec  # noqa: E402
+from trainopt.execute.runner import SubprocessRunner  # noqa: E402
+from trainopt.stats import intervals as stats  # noqa: E402
 
 DEFAULT_DATA = ROOT / "benchmarks" / "data" / "aa-pairs.json"
 # Shorter windows than the demo so 100+ fresh processes fit in a sitting; still >= 10 steps each.
@@ -87,7 +87,7 @@ def analyse(args) -> None:
     data = json.loads(Path(args.data).read_text())
     pairs = data["pairs"]
     # The rule under test is the spec defaults unless overridden on the command line.
-    from trainopt.spec import MeasureSection
+    from trainopt.contract.spec import MeasureSection
 
     m = MeasureSection()
     rule = dict(pairs=args.pairs or m.pairs, max_pairs=args.max_pairs or m.max_pairs, min_speedup=m.min_speedup,

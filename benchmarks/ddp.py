@@ -32,14 +32,14 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt import distributed  # noqa: E402
+from trainopt.contract import distributed  # noqa: E402
 
 # The plainest DDP loop over the same workload: one process per rank under torchrun.
 PLAIN = r"""
 import gc, json, os, sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from trainopt.spec import load_spec
-from trainopt.workloads import build_workload
+from trainopt.contract.spec import load_spec
+from trainopt.trial.workloads import build_workload
 spec = load_spec(sys.argv[1]); r = spec.resolved()
 cuda = torch.cuda.is_available() and r["device"] != "cpu"
 dist.init_process_group("nccl" if cuda else "gloo")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 SCRIPT = r"""
 import sys, torch, torch.distributed as dist
-from trainopt.settings import TrainSettings
+from trainopt.settings.production import TrainSettings
 
 s = TrainSettings(device="cpu", distributed={"nproc_per_node": 2, "backend": "gloo"})
 s.init_distributed()

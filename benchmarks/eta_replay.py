@@ -25,10 +25,10 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainopt import plan  # noqa: E402
-from trainopt.progress import ConsoleProgress  # noqa: E402
-from trainopt.sequential import SequentialRule, holdout_pairs, typical_pairs  # noqa: E402
-from trainopt.spec import load_spec  # noqa: E402
+from trainopt.contract.spec import load_spec  # noqa: E402
+from trainopt.decide import plan  # noqa: E402
+from trainopt.decide.sequential import SequentialRule, holdout_pairs, typical_pairs  # noqa: E402
+from trainopt.search.progress import ConsoleProgress  # noqa: E402
 
 
 def _events(out: Path, doc: dict) -> list[dict]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import yaml
 import statistics
 import subprocess
 import sys
@@ -29,14 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The plainest loop: same model, data, loss, optimizer and batch; warm-up then timed steps.
 PLAIN = r"""
 import json, sys, time, torch
-from trainopt.spec import load_spec
-from trainopt.workloads import build_workload
+from trainopt.contract.spec import load_spec
+from trainopt.trial.workloads import build_workload
 spec = load_spec(sys.argv[1]); r = spec.resolved()
 torch.manual_seed(r["seed"])
 w = build_workload(r, spec.source_dir())
@@ -110,7 +111,7 @@ def main() -> None:
             plain.append(run_plain(spec))
             starts.append(startup_cost())
             print(f"run {i + 1}: trainopt {ours[-1]:8.1f}  plain {plain[-1]:8.1f}  samples/s", flush=True)
-    from trainopt.stats import paired_interval
+    from trainopt.stats.intervals import paired_interval
 
     ratio = statistics.median(ours) / statistics.median(plain)
     iv = paired_interval(ours, plain, 0.95)

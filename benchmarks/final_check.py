@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
-from trainopt.search import Search  # noqa: E402
-from trainopt.spec import spec_from_dict  # noqa: E402
+from trainopt.contract.spec import spec_from_dict  # noqa: E402
+from trainopt.search.search import Search  # noqa: E402
 
 
 def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:

@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # With "resident", one batch already on the device, so the clock measures the device's work.
 PLAIN = r"""
 import json, sys, time, torch
-from trainopt.spec import load_spec
-from trainopt.workloads import build_workload
+from trainopt.contract.spec import load_spec
+from trainopt.trial.workloads import build_workload
 spec = load_spec(sys.argv[1]); r = spec.resolved(); resident = sys.argv[2] == "resident"; item = sys.argv[2] == "item"
 dev = torch.device(r["device"] if r["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
 torch.manual_seed(r["seed"])

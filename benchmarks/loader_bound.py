@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
-from trainopt import plan  # noqa: E402
-from trainopt.search import Search  # noqa: E402
-from trainopt.spec import spec_from_dict  # noqa: E402
+from trainopt.contract.spec import spec_from_dict  # noqa: E402
+from trainopt.decide import plan  # noqa: E402
+from trainopt.search.search import Search  # noqa: E402
 
 ROWS = [(1.0, 0.01), (1.0, 0.05), (1.10, 0.12), (1.25, 0.25)]
 

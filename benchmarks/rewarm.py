@@ -30,11 +30,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt import session as session_mod  # noqa: E402
-from trainopt.arm import REWARM_SHARE  # noqa: E402
-from trainopt.protocol import TrialRequest  # noqa: E402
-from trainopt.session import InterleavedSessionRunner  # noqa: E402
-from trainopt.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.contract.protocol import TrialRequest  # noqa: E402
+from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.execute import session as session_mod  # noqa: E402
+from trainopt.execute.session import InterleavedSessionRunner  # noqa: E402
+from trainopt.trial.arm import REWARM_SHARE  # noqa: E402
 
 # Every window reply, as the orchestrator received it: (arm index, reply); and each arm's
 # warm-up report (it says whether the arm re-warms at all: long steps skip it).

@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt.protocol import TrialRequest  # noqa: E402
-from trainopt.runner import SubprocessRunner  # noqa: E402
-from trainopt.spec import load_spec  # noqa: E402
+from trainopt.contract.protocol import TrialRequest  # noqa: E402
+from trainopt.contract.spec import load_spec  # noqa: E402
+from trainopt.execute.runner import SubprocessRunner  # noqa: E402
 
 
 def grid_points(spec) -> list[dict]:

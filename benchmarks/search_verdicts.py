@@ -35,12 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
-from trainopt.confirmation import IntervalRule  # noqa: E402
-from trainopt.search import Search  # noqa: E402
-from trainopt.sequential import SequentialRule  # noqa: E402
-from trainopt.spec import spec_from_dict  # noqa: E402
-from trainopt.stages import RESCREEN_FLOOR  # noqa: E402
-
+from trainopt.contract.spec import spec_from_dict  # noqa: E402
+from trainopt.decide.confirmation import IntervalRule  # noqa: E402
+from trainopt.decide.sequential import SequentialRule  # noqa: E402
+from trainopt.search.knob_stage import RESCREEN_FLOOR  # noqa: E402
+from trainopt.search.search import Search  # noqa: E402
 
 _FROM_MEASURE = SequentialRule.from_measure.__func__
 

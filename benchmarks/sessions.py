@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fidelity import PLAIN  # noqa: E402
-from trainopt.protocol import TrialRequest  # noqa: E402
-from trainopt.runner import SubprocessRunner  # noqa: E402
-from trainopt.session import InterleavedSessionRunner, SequentialSessionRunner  # noqa: E402
-from trainopt.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.contract.protocol import TrialRequest  # noqa: E402
+from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
+from trainopt.execute.runner import SubprocessRunner  # noqa: E402
+from trainopt.execute.session import InterleavedSessionRunner, SequentialSessionRunner  # noqa: E402
 
-FRESH_IMPORT = "import torch, torch._dynamo, trainopt.measure, trainopt.workloads, trainopt.worker"
+FRESH_IMPORT = "import torch, torch._dynamo, trainopt.trial.measure, trainopt.trial.workloads, trainopt.trial.worker"
 
 
 def _sd(xs: list[float]) -> float:

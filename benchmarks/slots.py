@@ -129,8 +129,8 @@ def amdahl(wall: float, by_role: dict[str, list[float]], slots: int) -> tuple[fl
 
 def store_cost(root: Path, arms: int = 200) -> float:
     """Seconds the orchestrator spends storing one arm (open + finish) in the default SQLite store."""
-    from trainopt.protocol import TrialResult
-    from trainopt.store import TrialStore, default_storage_url
+    from trainopt.contract.protocol import TrialResult
+    from trainopt.search.store import TrialStore, default_storage_url
 
     folder = root / "store-cost"
     folder.mkdir(parents=True, exist_ok=True)

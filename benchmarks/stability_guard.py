@@ -1,6 +1,6 @@
 """False alarms and detection of the stability guard, by simulation (no quiet machine needed).
 
-Drives ``trainopt.stability.StabilityGuard`` with the real ``observe`` over simulated
+Drives ``trainopt.decide.stability.StabilityGuard`` with the real ``observe`` over simulated
 searches (``tests.loaded.drive_guard``: a screen then pair sessions per incumbent, a new
 incumbent every six sessions, unstable sessions re-run after ``settle_s``):
 
@@ -30,7 +30,7 @@ from scipy.stats import beta  # noqa: E402
 
 from tests.fakes import FakeRunner  # noqa: E402
 from tests.loaded import LoadedMachine, drive_guard, hog  # noqa: E402
-from trainopt.stability import StabilityGuard  # noqa: E402
+from trainopt.decide.stability import StabilityGuard  # noqa: E402
 
 
 def upper(k: int, n: int) -> float:

@@ -6,7 +6,7 @@ known true speedup, so false wins, detection, coverage and bias are counted exac
 * old: the loop ``Search.confirm`` runs today, called through ``stats.paired_interval``,
   ``stats.needs_more_pairs`` and ``stats.verdict`` (start at ``pairs``, add one pair at a
   time, stop when the verdict is decided or improvement is ruled out);
-* new: ``trainopt.sequential.SequentialRule`` (alpha spent over planned looks), with the
+* new: ``trainopt.decide.sequential.SequentialRule`` (alpha spent over planned looks), with the
   reported speedup of a kept change taken from ``holdout_pairs()`` extra pairs.
 
 Sections:
@@ -43,8 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt import stats  # noqa: E402
-from trainopt.sequential import SequentialRule, holdout_estimate, holdout_pairs, select_for_confirmation  # noqa: E402
+from trainopt.decide.sequential import SequentialRule, holdout_estimate, holdout_pairs, select_for_confirmation  # noqa: E402
+from trainopt.stats import intervals as stats  # noqa: E402
 
 EFFECTS = (1.0, 1.05, 1.10, 1.25)
 DATA = ROOT / "benchmarks" / "data" / "aa-pairs.json"
@@ -347,9 +347,9 @@ def section_search(args, rng):
     """Today's Search, through the fake runner: single fresh trials with the measured pair noise."""
     from tests.conftest import tiny_spec_dict
     from tests.fakes import FakeRunner
-    from trainopt.search import Search
-    from trainopt.spec import spec_from_dict
-    from trainopt.store import TrialStore
+    from trainopt.contract.spec import spec_from_dict
+    from trainopt.search.search import Search
+    from trainopt.search.store import TrialStore
 
     reps = max(20, args.reps // 40)
     print(f"\n### Today's `Search` through `tests.fakes.FakeRunner` ({reps} searches per row; knob amp off→bf16, "

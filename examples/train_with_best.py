@@ -25,8 +25,8 @@ from torch import nn
 
 from trainopt import load_settings
 from trainopt.errors import UserError
-from trainopt.workloads.data import SyntheticImages
-from trainopt.workloads.models import resnet18
+from trainopt.trial.workloads.data import SyntheticImages
+from trainopt.trial.workloads.models import resnet18
 
 __all__ = ["main"]
 

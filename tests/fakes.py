@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import math
 import random
-
 from pathlib import Path
 from typing import Any
 
-from trainopt.protocol import TrialRequest, TrialResult
-
-from trainopt.session import SessionResult
-
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.execute.session import SessionResult
 
 __all__ = ["FakeRunner", "MemoryStore", "SessionResult", "noise_draw"]
 

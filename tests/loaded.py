@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tests.fakes import FakeRunner, noise_draw
-from trainopt.plan import settings_hash
-from trainopt.protocol import TrialRequest
-from trainopt.session import SessionResult, round_orders
-from trainopt.stability import StabilityGuard, observe
+from trainopt.contract.protocol import TrialRequest
+from trainopt.decide.plan import settings_hash
+from trainopt.decide.stability import StabilityGuard, observe
+from trainopt.execute.session import SessionResult, round_orders
 
 __all__ = ["LoadedMachine", "hog", "drive_guard", "request"]
 

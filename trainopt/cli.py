@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from trainopt import __version__
+from trainopt.version import __version__
 
 __all__ = ["main", "Terminated"]
 
@@ -40,8 +40,8 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
 
 
 def _load(spec_path: str):
-    from trainopt.refcheck import check_references
-    from trainopt.spec import load_spec
+    from trainopt.contract.spec import load_spec
+    from trainopt.execute.refcheck import check_references
 
     spec = load_spec(spec_path)
     # A bad reference is a bad-input error (exit 2) before any trial starts, not a failed
@@ -104,10 +104,10 @@ def _measure_summary(result, spec_name: str) -> str:
 
 def cmd_measure(args) -> int:
     from trainopt.atomic import write_json_atomic, write_text_atomic
-    from trainopt.protocol import TrialRequest
-    from trainopt.runner import SubprocessRunner
-    from trainopt.spec import apply_overrides, parse_set
-    from trainopt.workspace import OutputFolder, default_folder
+    from trainopt.contract.protocol import TrialRequest
+    from trainopt.contract.spec import apply_overrides, parse_set
+    from trainopt.execute.runner import SubprocessRunner
+    from trainopt.outputs.workspace import OutputFolder, default_folder
 
     spec = _load(args.spec)
     overrides = parse_set(args.set or [])
@@ -193,12 +193,12 @@ def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any], report:
     Checkpoints during a search skip the report: plotting after every decision would cost
     seconds each time, and ``trainopt report DIR`` rebuilds it from results.json anyway.
     """
-    from trainopt.results import write_outputs
+    from trainopt.outputs.results import write_outputs
 
     write_outputs(out, doc, resolved)
     if not report:
         return None
-    from trainopt.report import write_report
+    from trainopt.outputs.report import write_report
 
     return write_report(out, doc)
 
@@ -206,8 +206,8 @@ def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any], report:
 def _executor(args, spec, runner):
     """Where the search's measurement sessions run: slots from the flags (``--parallel``,
     ``--ray``), live interleaved arms unless the spec asks for one fresh process per arm."""
-    from trainopt import scaling
-    from trainopt.session import InterleavedSessionRunner, SequentialSessionRunner
+    from trainopt.execute import scaling
+    from trainopt.execute.session import InterleavedSessionRunner, SequentialSessionRunner
 
     if spec.measure.session == "sequential":
         serial = SequentialSessionRunner(runner, note="measure.session is sequential")
@@ -220,11 +220,11 @@ def _executor(args, spec, runner):
 
 
 def cmd_search(args) -> int:
-    from trainopt.progress import ConsoleProgress
-    from trainopt.runner import SubprocessRunner
-    from trainopt.search import Search, SearchFailed
-    from trainopt.store import StoreLost, TrialStore, default_storage_url, masked_url
-    from trainopt.workspace import OutputFolder, default_folder
+    from trainopt.execute.runner import SubprocessRunner
+    from trainopt.outputs.workspace import OutputFolder, default_folder
+    from trainopt.search.progress import ConsoleProgress
+    from trainopt.search.search import Search, SearchFailed
+    from trainopt.search.store import StoreLost, TrialStore, default_storage_url, masked_url
 
     spec = _load(args.spec)
     out = Path(args.out) if args.out else default_folder(spec.name)
@@ -247,7 +247,7 @@ def cmd_search(args) -> int:
             doc["storage"] = storage
             _write_all(folder.path, doc, resolved, report=doc["complete"])
 
-        from trainopt.stability import StabilityGuard
+        from trainopt.decide.stability import StabilityGuard
 
         search = Search(spec, folder.path, runner, store, progress=progress, on_checkpoint=checkpoint, executor=executor,
                         guard=StabilityGuard())
@@ -259,7 +259,7 @@ def cmd_search(args) -> int:
         except StoreLost as exc:
             progress.close()
             # What this run measured is kept in the folder too; the store keeps what it stored.
-            from trainopt.results import build_results
+            from trainopt.outputs.results import build_results
 
             _write_all(folder.path, {**build_results(search.state, complete=False), "storage": storage}, resolved)
             return _fail(exc.render())
@@ -267,7 +267,7 @@ def cmd_search(args) -> int:
             progress.close()
             code = 143 if isinstance(exc, Terminated) else 130
             # The trial in flight was stopped by the runner; everything finished is in the store.
-            from trainopt.results import build_results
+            from trainopt.outputs.results import build_results
 
             _write_all(folder.path, {**build_results(search.state, complete=False), "storage": storage}, resolved)
             print(
@@ -294,8 +294,8 @@ def cmd_search(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from trainopt.report import write_report
-    from trainopt.results import read_results
+    from trainopt.outputs.report import write_report
+    from trainopt.outputs.results import read_results
 
     doc = read_results(Path(args.dir))
     out = Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent
@@ -307,7 +307,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from trainopt.export import render_export
+    from trainopt.settings.export import render_export
 
     sys.stdout.write(render_export(Path(args.dir), args.format))
     return EXIT_OK
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         "postgresql+psycopg2://USER:PASSWORD@HOST/DB (needs trainopt[postgres]); default: SQLite in the output folder",
     )
     s.add_argument("--fresh", action="store_true", help="discard stored trials and start over")
-    from trainopt import scaling
+    from trainopt.execute import scaling
 
     scaling.add_options(s)
     s.add_argument("--quiet", action="store_true", help="no per-trial progress lines")

@@ -150,7 +150,7 @@ def test_grad_accum_under_no_sync_trains_the_same_weights(tmp_path, cli_env):
 FINISH = """
 import gc, json, sys, weakref
 import torch, torch.distributed as dist
-from trainopt.settings import TrainSettings
+from trainopt.settings.production import TrainSettings
 
 s = TrainSettings(device="cpu", distributed={"nproc_per_node": 1, "backend": "gloo"})
 s.finish_distributed()  # no group yet: nothing to do

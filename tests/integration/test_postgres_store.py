@@ -262,8 +262,8 @@ def test_two_searches_never_share_a_study_and_a_lost_server_stops_the_search_cle
 
 
 def test_a_lost_study_lock_stops_the_search_while_the_server_stays_up(tmp_path, postgres_url):
-    from trainopt.protocol import TrialResult
-    from trainopt.store import StoreLost, TrialStore
+    from trainopt.contract.protocol import TrialResult
+    from trainopt.search.store import StoreLost, TrialStore
 
     store = TrialStore(postgres_url, "tiny-lock-lost", "fp-1")
     try:

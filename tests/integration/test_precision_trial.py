@@ -7,9 +7,9 @@ import math
 import pytest
 
 from tests.conftest import FIXTURES, tiny_spec_dict
-from trainopt.protocol import TrialRequest
-from trainopt.runner import SubprocessRunner
-from trainopt.spec import load_spec
+from trainopt.contract.protocol import TrialRequest
+from trainopt.contract.spec import load_spec
+from trainopt.execute.runner import SubprocessRunner
 
 pytestmark = pytest.mark.integration
 

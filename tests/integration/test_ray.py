@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_slot_sessions import _job
-from trainopt.protocol import TrialResult
+from trainopt.contract.protocol import TrialResult
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from trainopt.cluster import RayExecutor  # noqa: E402
+from trainopt.execute.ray_executor import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

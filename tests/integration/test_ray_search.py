@@ -102,7 +102,7 @@ def _arms_live_on(node) -> bool:
     launchers = 0
     for p in procs:
         try:
-            launchers += "trainopt.launcher" in " ".join(p.cmdline())
+            launchers += "trainopt.trial.forkserver" in " ".join(p.cmdline())
         except psutil.Error:
             continue
     # The launcher itself plus at least one arm forked from it (arms keep its command line).

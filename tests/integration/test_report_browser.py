@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from trainopt.report import write_report
+from trainopt.outputs.report import write_report
 
 pytestmark = pytest.mark.integration
 

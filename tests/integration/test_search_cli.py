@@ -81,7 +81,7 @@ def test_search_writes_every_output_and_a_loadable_best_yaml(tmp_path, cli_env):
     # A knob that cannot apply is recorded as a trial without running one.
     ran = [t for t in doc["trials"] if t["status"] != "not_applicable"]
     assert doc["counts"] == {"trials_run": len(ran), "trials_reused": 0}
-    from trainopt.plan import knob_order
+    from trainopt.decide.plan import knob_order
 
     assert doc["search_order"] == knob_order(SEARCH, "guide", doc["diagnosis"]["bottleneck"])
     # Only settings the final check confirmed are recommended; otherwise an earlier confirmed one or the baseline.
@@ -148,7 +148,7 @@ def test_kill_9_during_a_one_shot_trial_leaves_no_trial_process(tmp_path, cli_en
         found = []
         for p in psutil.process_iter(["pid", "cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "trainopt.worker" in cmd and str(out) in cmd:
+            if "trainopt.trial.worker" in cmd and str(out) in cmd:
                 found.append(p.info["pid"])
         return found
 

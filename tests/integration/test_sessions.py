@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, tiny_spec_dict
-from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.session import HOPELESS, InterleavedSessionRunner, start_order
-from trainopt.spec import apply_overrides, spec_from_dict
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.spec import apply_overrides, spec_from_dict
+from trainopt.execute.session import HOPELESS, InterleavedSessionRunner, start_order
 
 pytestmark = pytest.mark.integration
 
@@ -164,9 +164,9 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from pathlib import Path
     from tests.conftest import tiny_spec_dict
-    from trainopt.protocol import TrialRequest
-    from trainopt.session import InterleavedSessionRunner
-    from trainopt.spec import apply_overrides, spec_from_dict
+    from trainopt.contract.protocol import TrialRequest
+    from trainopt.execute.session import InterleavedSessionRunner
+    from trainopt.contract.spec import apply_overrides, spec_from_dict
     out = Path({out!r})
     spec = spec_from_dict(tiny_spec_dict(measure={{"windows": 1000, "window_seconds": 0.2}}), source_dir=out)
     reqs = [TrialRequest(spec=spec.resolved(), source_dir=str(out),
@@ -299,7 +299,7 @@ def test_the_launcher_imports_what_an_arm_asks_for_once_before_forking_it(tmp_pa
     # in the launcher (once, by the first such request) so later arms are forked with them.
     import socket
 
-    from trainopt.session import _Launcher
+    from trainopt.execute.session import _Launcher
 
     probe = tmp_path / "imports.txt"
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{FIXTURES}", TRAINOPT_IMPORT_PROBE=str(probe),

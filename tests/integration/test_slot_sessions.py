@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_spec_dict
-from trainopt.executor import SessionJob, SlotExecutor
-from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.runner import SubprocessRunner
-from trainopt.session import SequentialSessionRunner
-from trainopt.spec import apply_overrides, spec_from_dict
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.spec import apply_overrides, spec_from_dict
+from trainopt.execute.executors import SessionJob, SlotExecutor
+from trainopt.execute.runner import SubprocessRunner
+from trainopt.execute.session import SequentialSessionRunner
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The knob semantics in trainopt.apply: pure data first, then the applier on torch objects."""
+"""The knob semantics in trainopt.knobs.kwargs and trainopt.trial.applier: pure data first, then the applier on torch objects."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from trainopt import apply
-from trainopt.knobs import KNOBS, default_settings
+from trainopt.knobs import kwargs
+from trainopt.knobs.catalog import KNOBS, default_settings
+from trainopt.trial import applier as apply
 
 
 def _s(**values):
@@ -17,7 +18,7 @@ def _s(**values):
 
 
 def test_apply_and_export_import_without_torch():
-    code = "import sys, trainopt.apply, trainopt.export; print('torch' in sys.modules)"
+    code = "import sys, trainopt.trial.applier, trainopt.settings.export; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -25,7 +26,7 @@ def test_apply_and_export_import_without_torch():
 @pytest.mark.parametrize("tf32", [False, True])
 @pytest.mark.parametrize("benchmark", [False, True])
 def test_backend_flags_set_both_tf32_flags(tf32, benchmark):
-    assert apply.backend_flags(_s(tf32=tf32, cudnn_benchmark=benchmark)) == {
+    assert kwargs.backend_flags(_s(tf32=tf32, cudnn_benchmark=benchmark)) == {
         "torch.backends.cudnn.benchmark": benchmark,
         "torch.backends.cuda.matmul.allow_tf32": tf32,
         "torch.backends.cudnn.allow_tf32": tf32,
@@ -33,39 +34,39 @@ def test_backend_flags_set_both_tf32_flags(tf32, benchmark):
 
 
 def test_loader_kwargs_follow_workers_and_device():
-    assert apply.loader_kwargs(_s(batch_size=16, persistent_workers=True, prefetch_factor=4), "cuda") == {
+    assert kwargs.loader_kwargs(_s(batch_size=16, persistent_workers=True, prefetch_factor=4), "cuda") == {
         "batch_size": 16, "num_workers": 0, "pin_memory": False, "drop_last": True,
     }
-    assert apply.loader_kwargs(_s(num_workers=2, pin_memory=True, prefetch_factor=4), "cuda") == {
+    assert kwargs.loader_kwargs(_s(num_workers=2, pin_memory=True, prefetch_factor=4), "cuda") == {
         "batch_size": 32, "num_workers": 2, "pin_memory": True, "drop_last": True,
         "persistent_workers": False, "prefetch_factor": 4,
     }
-    assert apply.loader_kwargs(_s(num_workers=2, pin_memory=True), "cpu")["pin_memory"] is False
+    assert kwargs.loader_kwargs(_s(num_workers=2, pin_memory=True), "cpu")["pin_memory"] is False
 
 
 @pytest.mark.parametrize("value, expected", [("off", (False, None)), ("default", (True, None)),
                                              ("reduce-overhead", (True, "reduce-overhead")),
                                              ("max-autotune", (True, "max-autotune"))])
 def test_compile_mode(value, expected):
-    assert apply.compile_mode(_s(compile=value)) == expected
+    assert kwargs.compile_mode(_s(compile=value)) == expected
 
 
 def test_every_choice_has_a_meaning():
-    assert set(apply.AMP_DTYPES) == set(KNOBS["amp"].choices)
-    assert set(apply.COMPILE_MODES) | {"off"} == set(KNOBS["compile"].choices)
-    assert set(apply.OPTIMIZER_KWARGS) == set(KNOBS["optimizer_impl"].choices)
+    assert set(kwargs.AMP_DTYPES) == set(KNOBS["amp"].choices)
+    assert set(kwargs.COMPILE_MODES) | {"off"} == set(KNOBS["compile"].choices)
+    assert set(kwargs.OPTIMIZER_KWARGS) == set(KNOBS["optimizer_impl"].choices)
     with pytest.raises(ValueError, match="'turbo' is not one of default, foreach, fused"):
-        apply.optimizer_kwargs("turbo")
+        kwargs.optimizer_kwargs("turbo")
 
 
 def test_should_read_loss_counts_run_wide_optimizer_steps():
-    assert [n for n in range(1, 13) if apply.should_read_loss(4, n)] == [4, 8, 12]
-    assert not any(apply.should_read_loss(0, n) for n in range(20))
-    assert not apply.should_read_loss(1, 0)
+    assert [n for n in range(1, 13) if kwargs.should_read_loss(4, n)] == [4, 8, 12]
+    assert not any(kwargs.should_read_loss(0, n) for n in range(20))
+    assert not kwargs.should_read_loss(1, 0)
 
 
 def test_device_type_of():
-    assert [apply.device_type_of(d) for d in ("cpu", "cuda", "cuda:3", "auto")] == ["cpu", "cuda", "cuda", "cuda"]
+    assert [kwargs.device_type_of(d) for d in ("cpu", "cuda", "cuda:3", "auto")] == ["cpu", "cuda", "cuda", "cuda"]
 
 
 def test_resolve_device():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainopt.batch import BatchSizeSearch, throughput_candidates
+from trainopt.decide.batch import BatchSizeSearch, throughput_candidates
 
 
 def run(search, fits_up_to):

@@ -8,11 +8,11 @@ import math
 from tests.conftest import tiny_spec_dict
 from tests.fakes import FakeRunner, MemoryStore
 from tests.loaded import LoadedMachine, hog
-from trainopt.executor import SerialExecutor
-from trainopt.search import Search
-from trainopt.sequential import SequentialRule
-from trainopt.spec import spec_from_dict
-from trainopt.stability import StabilityGuard
+from trainopt.contract.spec import spec_from_dict
+from trainopt.decide.sequential import SequentialRule
+from trainopt.decide.stability import StabilityGuard
+from trainopt.execute.executors import SerialExecutor
+from trainopt.search.search import Search
 
 BUDGET = {"pairs": 6, "max_pairs": 20, "confidence": 0.95}
 
@@ -120,7 +120,7 @@ def test_with_several_slots_the_screen_is_split_into_sessions_that_run_together(
 def test_the_eta_prices_arms_that_ran_side_by_side_at_their_share_of_the_batch(tmp_path):
     import time
 
-    from trainopt.progress import NullProgress
+    from trainopt.search.progress import NullProgress
 
     class SlowExecutor(CountingExecutor):
         """Two slots; every batch takes 0.05 s of wall time however many sessions it holds."""
@@ -153,7 +153,7 @@ def test_the_eta_prices_arms_that_ran_side_by_side_at_their_share_of_the_batch(t
 
 
 def test_a_held_out_session_with_the_baseline_says_so_in_its_progress_detail():
-    from trainopt.broker import SessionAsk, TrialBroker
+    from trainopt.search.broker import SessionAsk, TrialBroker
 
     base, inc, cand = {"compile": "off", "batch_size": 32}, {"compile": "off", "batch_size": 256}, {"compile": "default", "batch_size": 256}
     assert TrialBroker._detail(SessionAsk([inc, cand, base], "compile", "compile", "holdout", "t")) == (

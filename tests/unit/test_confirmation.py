@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainopt import stats
-from trainopt.confirmation import Assessment, IntervalRule, Pair, confirm
-from trainopt.protocol import TrialResult
+from trainopt.contract.protocol import TrialResult
+from trainopt.decide.confirmation import Assessment, IntervalRule, Pair, confirm
+from trainopt.stats import intervals as stats
 
 
 def ok(rate):
@@ -95,9 +95,9 @@ def test_a_pair_missing_a_side_without_a_failure_is_a_bug():
 def test_search_takes_another_rule_through_the_seam(tmp_path):
     from tests.conftest import tiny_spec_dict
     from tests.unit.test_search import FakeRunner
-    from trainopt.search import Search
-    from trainopt.spec import spec_from_dict
-    from trainopt.store import TrialStore
+    from trainopt.contract.spec import spec_from_dict
+    from trainopt.search.search import Search
+    from trainopt.search.store import TrialStore
 
     spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}), "t.yaml", tmp_path)
     store = TrialStore(f"sqlite:///{tmp_path / 't.db'}", spec.name, spec.fingerprint())

@@ -12,10 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainopt import fingerprint, knobs, worker
-from trainopt.apply import Applier, loader_kwargs
-from trainopt.knobs import default_settings
-from trainopt.measure import _PeakMemory
+from trainopt.knobs import catalog as knobs
+from trainopt.knobs.catalog import default_settings
+from trainopt.knobs.kwargs import loader_kwargs
+from trainopt.trial import environment as fingerprint
+from trainopt.trial import worker
+from trainopt.trial.applier import Applier
+from trainopt.trial.measure import _PeakMemory
 
 CUDA0 = torch.device("cuda", 0)
 GIB = 1024**3

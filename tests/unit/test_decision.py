@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainopt.decision import Decision, judge_compile
-from trainopt.plan import remaining_trials
+from trainopt.decide.plan import remaining_trials
+from trainopt.decide.verdict import Decision, judge_compile
 
 
 def improved():
@@ -32,7 +32,7 @@ def test_compile_without_a_confirmed_gain_never_repays():
 
 
 def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_check():
-    from trainopt.plan import remaining_in_knob
+    from trainopt.decide.plan import remaining_in_knob
 
     search = {"amp": ["off", "bf16", "fp16"], "num_workers": [0, 2], "pin_memory": [False, True],
               "compile": ["off", "default", "max-autotune"]}
@@ -71,7 +71,7 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
 
 
 def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_to_run():
-    from trainopt.plan import kept_states, search_remaining
+    from trainopt.decide.plan import kept_states, search_remaining
 
     search = {"amp": ["off", "bf16"], "num_workers": [0, 2]}
     order = ["amp", "num_workers"]
@@ -113,7 +113,7 @@ def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_t
 
 
 def test_the_batch_stage_is_expected_to_probe_the_maximum_alone_or_double_and_bisect_where_memory_runs_out():
-    from trainopt.plan import TYPICAL_BISECTION_PROBES, memory_bound, typical_batch_probes
+    from trainopt.decide.plan import TYPICAL_BISECTION_PROBES, memory_bound, typical_batch_probes
 
     assert typical_batch_probes(32, 256, memory_bound=False) == 1  # 256 first, and it fits
     assert typical_batch_probes(32, 1000, memory_bound=False) == 1
@@ -125,7 +125,7 @@ def test_the_batch_stage_is_expected_to_probe_the_maximum_alone_or_double_and_bi
 
 
 def test_a_compiled_arm_costs_more_than_a_plain_one_and_the_cold_compile_trial_most():
-    from trainopt.plan import arm_cost
+    from trainopt.decide.plan import arm_cost
 
     plain, compiled = arm_cost({"compile": "off"}), arm_cost({"compile": "max-autotune"})
     assert plain == 1.0 and compiled == 2.6 and arm_cost(None) == 1.0
@@ -137,7 +137,7 @@ def test_a_compiled_arm_costs_more_than_a_plain_one_and_the_cold_compile_trial_m
 
 
 def test_typical_confirmation_pairs_lie_between_the_first_look_and_the_budget():
-    from trainopt.sequential import SequentialRule, typical_pairs
+    from trainopt.decide.sequential import SequentialRule, typical_pairs
 
     rule = SequentialRule(6, 14, 0.95, 0.03, "hodges-lehmann", family=2)
     first = rule.next_look(0)
@@ -149,7 +149,7 @@ def test_the_eta_prices_the_remaining_trials_at_the_recent_trials_cost():
     import io
     from types import SimpleNamespace
 
-    from trainopt.progress import ConsoleProgress
+    from trainopt.search.progress import ConsoleProgress
 
     progress = ConsoleProgress(quiet=True, stream=io.StringIO())
     progress.set_remaining(40)
@@ -164,7 +164,7 @@ def test_eta_is_unknown_until_the_search_says_how_many_trials_remain():
     import io
     from types import SimpleNamespace
 
-    from trainopt.progress import ConsoleProgress
+    from trainopt.search.progress import ConsoleProgress
 
     stream = io.StringIO()
     progress = ConsoleProgress(stream=stream)
@@ -180,7 +180,7 @@ def test_dearer_arms_count_down_by_their_cost_and_do_not_raise_the_plain_price()
     import io
     from types import SimpleNamespace
 
-    from trainopt.progress import ConsoleProgress
+    from trainopt.search.progress import ConsoleProgress
 
     progress = ConsoleProgress(quiet=True, stream=io.StringIO())
     progress.set_remaining(30)
@@ -201,7 +201,7 @@ def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
     import io
     from types import SimpleNamespace
 
-    from trainopt.progress import ConsoleProgress
+    from trainopt.search.progress import ConsoleProgress
 
     progress = ConsoleProgress(quiet=True, stream=io.StringIO())
     progress.set_remaining(20)
@@ -211,7 +211,7 @@ def test_one_very_slow_arm_does_not_set_the_price_of_the_rest():
 
 
 def test_the_loader_wait_bounds_what_loader_workers_can_gain_from_none():
-    from trainopt.plan import loader_gain_bound
+    from trainopt.decide.plan import loader_gain_bound
 
     base = {"num_workers": 0}
     # Twice the measured wait: at 1 % the loop could lose at most 2 % of its step.
@@ -227,7 +227,7 @@ def test_the_loader_wait_bounds_what_loader_workers_can_gain_from_none():
 
 
 def test_reduced_precision_on_a_cpu_without_bf16_instructions_is_expected_to_confirm_nothing():
-    from trainopt.plan import expected_to_confirm_nothing
+    from trainopt.decide.plan import expected_to_confirm_nothing
 
     amp = ["off", "bf16"]
     assert expected_to_confirm_nothing("amp", "cpu", ["avx2", "fma"], amp)
@@ -241,7 +241,7 @@ def test_reduced_precision_on_a_cpu_without_bf16_instructions_is_expected_to_con
 
 
 def test_a_confirmation_past_a_look_is_counted_from_where_it_stands():
-    from trainopt.plan import CONTINUE_SHARE, confirmation_left, remaining_in_knob
+    from trainopt.decide.plan import CONTINUE_SHARE, confirmation_left, remaining_in_knob
 
     looks = [6, 9, 14]
     # Past the first look: 3 pairs are certain, the last look's 5 only at CONTINUE_SHARE.

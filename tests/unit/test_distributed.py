@@ -11,11 +11,16 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_spec_dict
-from trainopt import apply, batch, distributed, knobs, launch, plan
-from trainopt.export import render_settings
-from trainopt.protocol import TrialRequest
-from trainopt.settings import SettingsError, TrainSettings, settings_from_dict
-from trainopt.spec import SpecError, spec_from_dict
+from trainopt.contract import distributed
+from trainopt.contract.protocol import TrialRequest
+from trainopt.contract.spec import SpecError, spec_from_dict
+from trainopt.decide import batch, plan
+from trainopt.execute import ddp_launch as launch
+from trainopt.knobs import catalog as knobs
+from trainopt.knobs import kwargs as apply
+from trainopt.settings.export import render_settings
+from trainopt.settings.production import SettingsError, TrainSettings, settings_from_dict
+from trainopt.trial.applier import Applier
 
 
 def _problems(**overrides) -> list[str]:
@@ -154,22 +159,22 @@ def test_launch_command_is_torchrun_standalone_with_no_restarts(tmp_path):
     req = tmp_path / "0001-screen-amp.request.json"
     lch = launch.DistributedLaunch.for_request(request, req, "/py")
     assert lch.command == [
-        "/py", "-m", "trainopt.torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=3", "--max-restarts=0",
-        "-m", "trainopt.ddp", str(req),
+        "/py", "-m", "trainopt.trial.torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=3", "--max-restarts=0",
+        "-m", "trainopt.trial.ddp_rank", str(req),
     ]
     # No fixed rendezvous port: --standalone picks a free one, so concurrent trials never share it.
     assert not any("port" in a or "rdzv" in a for a in lch.command)
     assert lch.env() == {"OMP_NUM_THREADS": "2", "TRAINOPT_LAUNCH_STATUS": str(tmp_path / "0001-screen-amp.launch.json")}
-    assert launch.rank_status_path(request.result_path, 1) == tmp_path / "0001-screen-amp.rank1.json"
+    assert distributed.rank_status_path(request.result_path, 1) == tmp_path / "0001-screen-amp.rank1.json"
     assert distributed.launch_command(3) == "torchrun --standalone --nnodes=1 --nproc-per-node=3 --max-restarts=0 train.py"
 
 
 def test_torchrun_wrapper_parses_exactly_torchrun_options():
     from torch.distributed.run import parse_args
 
-    args = parse_args([*distributed.torchrun_args(2), "-m", "trainopt.ddp", "req.json"])
+    args = parse_args([*distributed.torchrun_args(2), "-m", "trainopt.trial.ddp_rank", "req.json"])
     assert (args.standalone, args.nnodes, args.nproc_per_node, args.max_restarts) == (True, "1", "2", 0)
-    assert args.module and args.training_script == "trainopt.ddp" and args.training_script_args == ["req.json"]
+    assert args.module and args.training_script == "trainopt.trial.ddp_rank" and args.training_script_args == ["req.json"]
 
 
 # ---- classification ----------------------------------------------------------------------
@@ -321,7 +326,7 @@ def test_applier_wraps_with_every_knob_and_skips_sync_on_accumulation_steps(one_
 
     settings = {**knobs.default_settings(), "grad_accum": 2, "ddp_bucket_cap_mb": 7, "ddp_gradient_as_bucket_view": True,
                 "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": False}
-    a = apply.Applier(settings, torch.device("cpu"), data_parallel=True)
+    a = Applier(settings, torch.device("cpu"), data_parallel=True)
     forward = a.prepare_model(torch.nn.Linear(4, 2))
     ddp = a.ddp_model
     assert forward is ddp and isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
@@ -343,7 +348,7 @@ def test_applier_wraps_with_every_knob_and_skips_sync_on_accumulation_steps(one_
 def test_single_process_applier_does_not_wrap():
     import torch
 
-    a = apply.Applier({**knobs.default_settings(), "grad_accum": 2}, torch.device("cpu"))
+    a = Applier({**knobs.default_settings(), "grad_accum": 2}, torch.device("cpu"))
     model = a.prepare_model(torch.nn.Linear(4, 2))
     assert a.ddp_model is None and not isinstance(model, torch.nn.parallel.DistributedDataParallel)
     assert a.no_sync().__class__.__name__ == "nullcontext"

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from trainopt.cli import main
+from trainopt.contract.protocol import SchemaVersionError
+from trainopt.contract.reference import WorkloadError
+from trainopt.contract.spec import SpecError
 from trainopt.errors import UserError
-from trainopt.export import ExportError
-from trainopt.protocol import SchemaVersionError
-from trainopt.reference import WorkloadError
-from trainopt.results import ResultsError
-from trainopt.settings import SettingsError
-from trainopt.spec import SpecError
-from trainopt.store import SpecChangedError
-from trainopt.workspace import OutputFolderError
+from trainopt.outputs.results import ResultsError
+from trainopt.outputs.workspace import OutputFolderError
+from trainopt.search.store import SpecChangedError
+from trainopt.settings.export import ExportError
+from trainopt.settings.production import SettingsError
 
 
 @pytest.mark.parametrize(

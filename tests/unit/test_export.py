@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from trainopt.errors import UserError
-from trainopt.export import FORMATS, ExportError, render_export
-from trainopt.knobs import KNOBS, default_settings
-from trainopt.settings import SettingsError, load_settings
+from trainopt.knobs.catalog import KNOBS, default_settings
+from trainopt.settings.export import FORMATS, ExportError, render_export
+from trainopt.settings.production import SettingsError, load_settings
 
 PROVENANCE = {
     "search": "resnet",
@@ -251,7 +251,7 @@ def test_torch_export_executes_as_measured(tmp_path, restore_torch_flags, settin
     """The pasted torch code, run for real, sets what the trial set and steps as the trial stepped."""
     import torch
 
-    from trainopt.apply import backend_flags
+    from trainopt.knobs.kwargs import backend_flags
 
     # The opposite of what the export should set, so a flag left alone is caught; with
     # tf32: null, the opposite of PyTorch's defaults, which the export must leave alone.

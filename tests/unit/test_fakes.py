@@ -9,10 +9,10 @@ import pytest
 
 from tests.conftest import tiny_spec_dict
 from tests.fakes import FakeRunner, noise_draw
-from trainopt.protocol import TrialRequest
-from trainopt.search import Search
-from trainopt.spec import spec_from_dict
-from trainopt.store import TrialStore
+from trainopt.contract.protocol import TrialRequest
+from trainopt.contract.spec import spec_from_dict
+from trainopt.search.search import Search
+from trainopt.search.store import TrialStore
 
 
 def request(settings, mode="measure"):

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from trainopt import atomic
-from trainopt.protocol import SchemaVersionError, TrialResult
-from trainopt.results import RESULTS_SCHEMA_VERSION, ResultsError, read_results
-from trainopt.workspace import OutputFolder, OutputFolderError, default_folder
+from trainopt.contract.protocol import SchemaVersionError, TrialResult
+from trainopt.outputs.results import RESULTS_SCHEMA_VERSION, ResultsError, read_results
+from trainopt.outputs.workspace import OutputFolder, OutputFolderError, default_folder
 
 
 def test_a_full_disk_mid_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypatch):

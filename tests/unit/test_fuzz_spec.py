@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import tiny_spec_dict
 from trainopt import cli
-from trainopt import spec as spec_mod
+from trainopt.contract import spec as spec_mod
 
 BASE = tiny_spec_dict(search={"batch_size": {"max": 64}, "amp": ["off", "bf16"], "num_workers": [0, 1]})
 

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from trainopt import stats
-from trainopt.apply import should_read_loss
-from trainopt.measure import NonFiniteLoss, measure_throughput, probe_memory
+from trainopt.knobs.kwargs import should_read_loss
+from trainopt.stats import intervals as stats
+from trainopt.trial.measure import NonFiniteLoss, measure_throughput, probe_memory
 
 
 class FakeClock:

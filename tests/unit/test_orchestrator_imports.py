@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, tiny_spec_dict
-from trainopt.reference import WorkloadError, resolve_reference
-from trainopt.refcheck import check_references, spec_references
-from trainopt.spec import spec_from_dict
+from trainopt.contract.reference import WorkloadError, resolve_reference
+from trainopt.contract.spec import spec_from_dict
+from trainopt.execute.refcheck import check_references, spec_references
 
-ORCHESTRATOR = ["trainopt.cli", "trainopt.search", "trainopt.results", "trainopt.report", "trainopt.refcheck",
-                "trainopt.broker", "trainopt.stages", "trainopt.batch_stage", "trainopt.confirmation", "trainopt.state",
-                "trainopt.recommendation", "trainopt.store", "trainopt.runner", "trainopt.spec", "trainopt.stats"]
+ORCHESTRATOR = ["trainopt.cli", "trainopt.search.search", "trainopt.outputs.results", "trainopt.outputs.report", "trainopt.execute.refcheck",
+                "trainopt.search.broker", "trainopt.search.knob_stage", "trainopt.search.batch_stage", "trainopt.decide.confirmation", "trainopt.search.state",
+                "trainopt.decide.recommendation", "trainopt.search.store", "trainopt.execute.runner", "trainopt.contract.spec", "trainopt.stats.intervals"]
 
 
 def test_importing_the_orchestrator_does_not_import_torch():
@@ -69,9 +69,9 @@ def test_every_bad_reference_is_named_once(tmp_path):
 
 
 def test_a_spec_without_references_starts_no_child(tmp_path, monkeypatch):
-    import trainopt.runner
+    import trainopt.execute.runner
 
-    monkeypatch.setattr(trainopt.runner, "run_child", lambda *a, **k: pytest.fail("a child was started"))
+    monkeypatch.setattr(trainopt.execute.runner, "run_child", lambda *a, **k: pytest.fail("a child was started"))
     spec = _spec(tmp_path)
     assert spec_references(spec) == []
     check_references(spec)

@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from trainopt.knobs import default_settings
-from trainopt.measure import Trainer
-from trainopt.settings import TrainSettings
-from trainopt.workloads import Workload, cross_entropy
-from trainopt.workloads import _optimizer_factory as optimizer_factory
+from trainopt.knobs.catalog import default_settings
+from trainopt.settings.production import TrainSettings
+from trainopt.trial.measure import Trainer
+from trainopt.trial.workloads import Workload, cross_entropy
+from trainopt.trial.workloads import _optimizer_factory as optimizer_factory
 
 OPTIMIZER_STEPS = 6
 SEED = 3

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trainopt import knobs
-from trainopt.decision import Decision
-from trainopt.recommendation import SOURCES, recommend
+from trainopt.decide.recommendation import SOURCES, recommend
+from trainopt.decide.verdict import Decision
+from trainopt.knobs import catalog as knobs
 
 BASE = knobs.default_settings()
 
@@ -58,7 +58,7 @@ def test_an_unchanged_search_recommends_the_baseline_at_one():
 
 
 def test_the_report_names_every_source():
-    from trainopt.report.html import SOURCE_TEXTS
+    from trainopt.outputs.report.html import SOURCE_TEXTS
 
     assert set(SOURCE_TEXTS) == set(SOURCES)
 

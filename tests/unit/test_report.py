@@ -12,11 +12,10 @@ import pandas as pd
 import pytest
 
 from tests.conftest import FIXTURES, ROOT
-from trainopt.report import speedup_rows, write_report, write_speedups_csv
-from trainopt.report import plots
-from trainopt.report.html import fmt_bytes, fmt_duration, fmt_percent, fmt_rate, fmt_speedup
-from trainopt.report.rows import COLUMNS, FLOAT_COLUMNS, read_speedups_csv
-from trainopt.stability import Observation, StabilityGuard, final_disagreement
+from trainopt.decide.stability import Observation, StabilityGuard, final_disagreement
+from trainopt.outputs.report import plots, speedup_rows, write_report, write_speedups_csv
+from trainopt.outputs.report.html import fmt_bytes, fmt_duration, fmt_percent, fmt_rate, fmt_speedup
+from trainopt.outputs.report.rows import COLUMNS, FLOAT_COLUMNS, read_speedups_csv
 
 TINY = FIXTURES / "results-tiny"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -339,7 +338,7 @@ def test_plots_of_failures_mark_the_out_of_memory_boundary(tmp_path):
 
 
 def test_importing_the_report_package_stays_cheap():
-    code = "import sys, trainopt.report; print(sorted(m for m in ('matplotlib', 'pandas', 'jinja2') if m in sys.modules))"
+    code = "import sys, trainopt.outputs.report; print(sorted(m for m in ('matplotlib', 'pandas', 'jinja2') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -540,7 +539,7 @@ def test_results_without_a_stability_record_still_render(tmp_path):
 
 
 def test_the_report_says_where_the_trials_ran(tmp_path):
-    from trainopt.report.html import render_html
+    from trainopt.outputs.report.html import render_html
 
     doc = {"name": "p", "complete": True, "decisions": [], "trials": [
         {"status": "ok", "slot": 0, "node": "host-a", "device": "cpu:0", "session": {"id": "screen/amp/s", "mode": "interleaved"}},

@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from trainopt import scaling
-from trainopt.cluster import cluster_slots, import_ray, session_from_dict
+from trainopt.contract.protocol import TrialResult
 from trainopt.errors import UserError
-from trainopt.executor import SerialExecutor, SlotExecutor
-from trainopt.protocol import TrialResult
-from trainopt.session import SessionResult
+from trainopt.execute import scaling
+from trainopt.execute.executors import SerialExecutor, SlotExecutor
+from trainopt.execute.ray_executor import cluster_slots, import_ray, session_from_dict
+from trainopt.execute.session import SessionResult
 
 
 def _node(node_id: str, cpus: float, gpus: float = 0, alive: bool = True, host: str | None = None) -> dict:
@@ -106,7 +106,7 @@ def test_parallel_builds_slots_and_explains_shared_bandwidth():
 
 
 def test_the_scale_out_modules_import_neither_torch_nor_ray():
-    code = ("import sys\nimport trainopt.executor, trainopt.slots, trainopt.cluster, trainopt.scaling\n"
+    code = ("import sys\nimport trainopt.execute.executors, trainopt.contract.slots, trainopt.execute.ray_executor, trainopt.execute.scaling\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout[:500]

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_spec_dict
-from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.search import Search, SearchFailed
-from trainopt.spec import spec_from_dict
-from trainopt.store import SpecChangedError, TrialStore
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.spec import spec_from_dict
+from trainopt.search.search import Search, SearchFailed
+from trainopt.search.store import SpecChangedError, TrialStore
 
 
 class FakeRunner:
@@ -215,7 +215,7 @@ def test_a_changed_spec_is_refused_by_the_store(tmp_path):
 def _best_yaml(tmp_path, doc, spec):
     import yaml
 
-    from trainopt.results import write_outputs
+    from trainopt.outputs.results import write_outputs
 
     write_outputs(tmp_path, doc, spec.resolved())
     return yaml.safe_load((tmp_path / "best.yaml").read_text())
@@ -267,7 +267,7 @@ def test_a_final_check_that_does_not_confirm_the_only_change_keeps_the_baseline(
     assert written["settings"]["amp"] == "off"
     assert written["provenance"]["settings_source"] == "baseline"
     assert written["provenance"]["kept"] == []
-    from trainopt.export import render_export
+    from trainopt.settings.export import render_export
 
     assert "bfloat16" not in render_export(tmp_path, "torch")
 
@@ -459,8 +459,8 @@ def test_a_third_arm_that_fails_leaves_the_final_check_to_measure_its_own_pairs(
 
 
 def test_held_out_sessions_run_alone_on_several_slots(tmp_path):
-    from trainopt.executor import SerialExecutor
-    from trainopt.session import SequentialSessionRunner
+    from trainopt.execute.executors import SerialExecutor
+    from trainopt.execute.session import SequentialSessionRunner
 
     class TwoSlots(SerialExecutor):
         # Says it has two slots (the broker then batches sessions) and notes which batches
@@ -510,9 +510,9 @@ def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path)
 
 
 def test_the_results_document_is_made_from_a_plain_state(tmp_path):
-    from trainopt.decision import Decision
-    from trainopt.results import build_results
-    from trainopt.state import SearchState, TrialRecord
+    from trainopt.decide.verdict import Decision
+    from trainopt.outputs.results import build_results
+    from trainopt.search.state import SearchState, TrialRecord
 
     spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}), "t.yaml", tmp_path)
     state = SearchState.for_spec(spec, tmp_path)
@@ -597,7 +597,7 @@ def test_the_second_choice_is_confirmed_when_the_first_is_not_improved(tmp_path)
 
 
 def test_the_eta_is_recounted_once_a_screen_has_selected_what_to_confirm(tmp_path):
-    from trainopt.progress import NullProgress
+    from trainopt.search.progress import NullProgress
 
     class Recorder(NullProgress):
         def __init__(self):
@@ -706,7 +706,7 @@ def test_no_second_screen_far_below_the_gate_or_once_confirmation_is_full(tmp_pa
 
 
 def test_a_near_miss_is_screened_again_while_confirmation_has_room():
-    from trainopt.stages import rescreen_candidates
+    from trainopt.search.knob_stage import rescreen_candidates
 
     assert rescreen_candidates([0.95, 0.85, None, 0.97], gate=0.98, floor=0.90, max_confirm=2) == [0, 3]
     # One cleared the gate, a second confirmation is still free: the near miss gets its second screen.

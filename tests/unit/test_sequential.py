@@ -13,14 +13,14 @@ import math
 import numpy as np
 import pytest
 
-from trainopt import stats
-from trainopt.sequential import (
+from trainopt.contract.spec import MeasureSection
+from trainopt.decide.sequential import (
     SequentialRule,
     holdout_estimate,
     holdout_pairs,
     select_for_confirmation,
 )
-from trainopt.spec import MeasureSection
+from trainopt.stats import intervals as stats
 
 
 def confirm(rule: SequentialRule, x: np.ndarray):

@@ -7,9 +7,8 @@ import signal
 
 import pytest
 
-from trainopt.stats import steady_state
-from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.session import (
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.execute.session import (
     SequentialSessionRunner,
     SessionResult,
     arm_preload,
@@ -21,6 +20,7 @@ from trainopt.session import (
     start_order,
     window_timeout,
 )
+from trainopt.stats.intervals import steady_state
 
 GiB = 2**30
 
@@ -179,7 +179,7 @@ def test_sequential_session_runs_arms_in_a_seeded_order_and_returns_them_in_requ
 
 
 def test_hopeless_arms_are_those_far_below_the_incumbent_in_their_first_window():
-    from trainopt.session import HOPELESS, hopeless_arms
+    from trainopt.execute.session import HOPELESS, hopeless_arms
 
     assert hopeless_arms([100.0, 40.0, 58.0, 200.0, None]) == [1]
     assert hopeless_arms([100.0, 100 * HOPELESS, 100 * HOPELESS - 0.01]) == [2]
@@ -190,7 +190,7 @@ def test_hopeless_arms_are_those_far_below_the_incumbent_in_their_first_window()
 
 
 def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
-    from trainopt.arm import REWARM_SHARE, rewarm_for
+    from trainopt.trial.arm import REWARM_SHARE, rewarm_for
 
     assert rewarm_for(0.05, 0.5, 1) == 1
     assert rewarm_for(0.45, 0.5, 1) == 0
@@ -201,7 +201,7 @@ def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
 
 
 def test_only_a_compiled_arm_asks_the_launcher_for_the_compiler():
-    from trainopt.launcher import COMPILER
+    from trainopt.contract.boundary import COMPILER_PRELOAD as COMPILER
 
     def request(compile_value):
         return TrialRequest(spec={}, source_dir=".", settings={"compile": compile_value}, mode="measure",

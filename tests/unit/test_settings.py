@@ -13,9 +13,8 @@ import yaml
 
 import trainopt
 from trainopt.errors import UserError
-from trainopt.fingerprint import environment
-from trainopt.knobs import KNOBS, default_settings
-from trainopt.settings import (
+from trainopt.knobs.catalog import KNOBS, default_settings
+from trainopt.settings.production import (
     SettingsError,
     SettingsRecord,
     TrainSettings,
@@ -26,6 +25,7 @@ from trainopt.settings import (
     settings_from_dict,
     validate_record,
 )
+from trainopt.trial.environment import environment
 
 FULL = {
     "batch_size": 64,

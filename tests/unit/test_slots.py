@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import FakeRunner
-from trainopt import slots
-from trainopt.executor import SerialExecutor, SessionJob, SlotExecutor
-from trainopt.protocol import TrialRequest, TrialResult
-from trainopt.session import SessionResult
-from trainopt.slots import Slot, SlotError
+from trainopt.contract import slots
+from trainopt.contract.boundary import SLOT_CPUS_VAR
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.slots import Slot, SlotError
+from trainopt.execute.executors import SerialExecutor, SessionJob, SlotExecutor
+from trainopt.execute.session import SessionResult
 
 ENV = {"device_type": "cpu", "device_name": "Xeon", "cpu_model": "Xeon", "torch": "2.13.0", "cuda": None,
        "python": "3.11.7", "cpu_flags": ["avx2"], "device_memory_bytes": None}
@@ -59,7 +60,7 @@ def test_plan_gives_one_gpu_and_a_core_share_per_gpu_slot():
     plan = slots.plan_slots(2, range(8), ["4", "6", "7"], "auto")
     assert plan == [Slot(0, (0, 1, 2, 3), "4"), Slot(1, (4, 5, 6, 7), "6")]
     assert plan[1].device == "cuda:6"
-    assert plan[1].env() == {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", slots.SLOT_CPUS_VAR: "4",
+    assert plan[1].env() == {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", SLOT_CPUS_VAR: "4",
                              "CUDA_VISIBLE_DEVICES": "6"}
 
 
@@ -97,7 +98,7 @@ def test_threads_beyond_the_slot_are_not_measured():
     assert slots.threads_reason(4, None) is None
     assert slots.threads_reason(2, 2) is None
     assert "threads 4 is more than the 2 core(s)" in slots.threads_reason(4, 2)
-    assert slots.slot_cpus_from_env({slots.SLOT_CPUS_VAR: "3"}) == 3
+    assert slots.slot_cpus_from_env({SLOT_CPUS_VAR: "3"}) == 3
     assert slots.slot_cpus_from_env({}) is None
 
 
@@ -198,7 +199,7 @@ def test_session_spans_are_recorded_on_every_arm_and_show_overlap(tmp_path):
 
 
 def test_a_trial_outside_every_slot_records_this_machine_and_keeps_its_own_values():
-    from trainopt.executor import local_device, record_local
+    from trainopt.execute.executors import local_device, record_local
 
     r = record_local(TrialResult(status="ok", env={"device_type": "cpu"}))
     assert r.env["slot"] is None and r.env["node"] and r.env["device"] == local_device("cpu")

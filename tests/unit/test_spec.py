@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_spec_dict
-from trainopt import knobs
-from trainopt.spec import SpecError, load_spec, parse_set, spec_from_dict
+from trainopt.contract.spec import SpecError, load_spec, parse_set, spec_from_dict
+from trainopt.knobs import catalog as knobs
 
 
 def problems(data) -> list[str]:

@@ -13,9 +13,9 @@ from scipy.stats import beta
 from tests.conftest import ROOT
 from tests.fakes import FakeRunner
 from tests.loaded import LoadedMachine, drive_guard, hog, request
-from trainopt.protocol import TrialResult
-from trainopt.session import SessionResult
-from trainopt.stability import Check, Observation, StabilityGuard, final_disagreement, observe, window_noise
+from trainopt.contract.protocol import TrialResult
+from trainopt.decide.stability import Check, Observation, StabilityGuard, final_disagreement, observe, window_noise
+from trainopt.execute.session import SessionResult
 
 POINT_KEYS = {"t_s", "stage", "knob", "role", "samples_per_s", "noise", "stable", "retry", "reason"}
 
@@ -198,7 +198,7 @@ def test_arguments_out_of_range_are_refused_with_their_names():
 
 
 def test_the_guard_module_does_not_import_torch():
-    code = "import sys, trainopt.stability; print('torch' in sys.modules)"
+    code = "import sys, trainopt.decide.stability; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from trainopt import stats
+from trainopt.stats import intervals as stats
 
 
 def test_signed_rank_critical_values_match_published_tables():

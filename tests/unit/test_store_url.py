@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import tiny_spec_dict
 from trainopt.cli import main
 from trainopt.errors import UserError
-from trainopt.store import StorageError, masked_url, open_storage
+from trainopt.search.store import StorageError, masked_url, open_storage
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_the_cli_answers_an_unreachable_store_with_exit_2(tmp_path, write_spec, 
 
 _HOLD = """
 import sys, time
-from trainopt.store import TrialStore
+from trainopt.search.store import TrialStore
 TrialStore(sys.argv[1], "shared", "fp")
 print("holding", flush=True)
 time.sleep(120)
@@ -93,7 +93,7 @@ def test_a_second_search_on_the_same_study_is_refused_until_the_first_is_gone(tm
     import subprocess
 
     from tests.conftest import ROOT
-    from trainopt.store import StudyBusy, TrialStore
+    from trainopt.search.store import StudyBusy, TrialStore
 
     # Two output folders, one store: the folder locks do not meet, the study lock does.
     url = f"sqlite:///{tmp_path / 'shared.db'}"
@@ -118,8 +118,8 @@ def test_a_second_search_on_the_same_study_is_refused_until_the_first_is_gone(tm
 def test_a_store_that_fails_mid_search_is_one_user_error_naming_the_url(tmp_path):
     import sqlalchemy.exc
 
-    from trainopt.protocol import TrialResult
-    from trainopt.store import StoreLost, TrialStore
+    from trainopt.contract.protocol import TrialResult
+    from trainopt.search.store import StoreLost, TrialStore
 
     store = TrialStore(f"sqlite:///{tmp_path / 't.db'}", "s", "fp")
     trial = store.begin("k", {})

@@ -21,8 +21,8 @@ from scipy.stats import binom
 
 from tests.conftest import tiny_spec_dict
 from tests.fakes import FakeRunner, MemoryStore
-from trainopt.search import Search
-from trainopt.spec import MeasureSection, spec_from_dict
+from trainopt.contract.spec import MeasureSection, spec_from_dict
+from trainopt.search.search import Search
 
 pytestmark = pytest.mark.simulation
 
@@ -80,7 +80,7 @@ def test_no_effect_is_rarely_called_improved_at_any_noise(tmp_path, sd, min_spee
 def test_the_check_above_fails_the_old_fixed_interval_rule(tmp_path):
     # The old rule looked after every added pair without spending its error: the same
     # check, with the same screen, must catch it, or the bound above proves nothing.
-    from trainopt.confirmation import IntervalRule
+    from trainopt.decide.confirmation import IntervalRule
 
     n = 1000
     spec = spec_from_dict(tiny_spec_dict(measure={**DEFAULT_BUDGET, "min_speedup": 0.0}), "t.yaml", tmp_path)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainopt import spec as spec_module
-from trainopt.workloads import (
+from trainopt.contract import spec as spec_module
+from trainopt.trial.workloads import (
     BUILTIN_DATA,
     BUILTIN_LOSSES,
     BUILTIN_MODELS,
@@ -24,9 +24,9 @@ from trainopt.workloads import (
     build_workload,
     resolve_reference,
 )
-from trainopt.workloads import mse as mse_loss
-from trainopt.workloads.data import SyntheticImages, SyntheticTabular, SyntheticTokens, build_dataset
-from trainopt.workloads.models import gpt, mlp, resnet18, resnet50
+from trainopt.trial.workloads import mse as mse_loss
+from trainopt.trial.workloads.data import SyntheticImages, SyntheticTabular, SyntheticTokens, build_dataset
+from trainopt.trial.workloads.models import gpt, mlp, resnet18, resnet50
 
 
 @pytest.fixture(autouse=True)

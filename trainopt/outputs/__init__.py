@@ -1,0 +1,1 @@
+"""What a search leaves behind: results.json, the output folder and the report."""

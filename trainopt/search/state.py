@@ -1,0 +1,91 @@
+"""Everything a search has found so far, as plain data.
+
+The search's parts write into one ``SearchState``; ``results.build_results`` reads only
+this, never the search object, so a results document can be made from any state
+(partial, resumed, or built by hand in a test).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainopt.contract.protocol import TrialResult
+from trainopt.decide.verdict import Decision
+
+__all__ = ["SearchState", "TrialRecord"]
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial the search used (run now or reused from the store), and why it was asked for."""
+
+    id: int
+    key: str
+    stage: str
+    knob: str
+    role: str
+    tag: str
+    mode: str
+    result: TrialResult
+
+
+@dataclass
+class SearchState:
+    """The state of one search.
+
+    Attributes:
+        name: The spec's name.
+        spec_fingerprint: Content hash of the resolved spec.
+        measure: The spec's measurement settings (plain data).
+        baseline_settings: The spec's baseline settings.
+        planned_knobs: The knobs of the spec's search section, as written.
+        out_dir: The output folder (trial logs are given relative to it).
+        started: When the search started (epoch seconds).
+        baseline: The baseline trial, once measured.
+        diagnosis: Input- or compute-bound, from the baseline.
+        order: The knobs in the order they are tried.
+        done_knobs: The knobs decided so far.
+        decisions: Every decision, in order.
+        trials: Every trial used, in order.
+        batch_info: The batch-size stage's probes and figures.
+        final: The final check (empty until it ran).
+        ran: Trials run by this process.
+        reused: Trials answered from the store.
+        guard: The stability guard (its record goes into the results), or None.
+        warnings: Warnings for the report, in order.
+    """
+
+    name: str
+    spec_fingerprint: str
+    measure: dict[str, Any]
+    baseline_settings: dict[str, Any]
+    planned_knobs: list[str]
+    out_dir: Path
+    started: float = field(default_factory=time.time)
+    baseline: TrialResult | None = None
+    diagnosis: dict[str, Any] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    done_knobs: list[str] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    batch_info: dict[str, Any] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
+    ran: int = 0
+    reused: int = 0
+    guard: Any = None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_spec(cls, spec: Any, out_dir: Path) -> "SearchState":
+        """An empty state for a spec."""
+        return cls(
+            name=spec.name,
+            spec_fingerprint=spec.fingerprint(),
+            measure=spec.measure.model_dump(mode="json"),
+            baseline_settings=dict(spec.baseline),
+            planned_knobs=list(spec.search),
+            out_dir=Path(out_dir),
+        )

@@ -1,0 +1,209 @@
+"""One rank of a data-parallel trial: ``torchrun ... -m trainopt.trial.ddp_rank REQUEST.json``.
+
+Every rank builds the same workload (same seed); the applier (``trainopt.trial.applier``) wraps
+the model in ``DistributedDataParallel`` with the DDP knobs' arguments and gives the
+loader this rank's ``DistributedSampler``; every rank runs the same timed loop as a single-process trial with the
+window edges bounded by barriers (``measure.measure_throughput(group=...)``). The ranks'
+window times are gathered to rank 0, which writes the one ``TrialResult``.
+
+Every rank also writes a small status file beside the result (``distributed.rank_status_path``):
+its pid when it starts (so the orchestrator can stop its loader workers), and how it ended
+when it can see it (``done``, or ``failed`` with ``oom``/``nonfinite``/``error``). A rank
+that fails exits with code 1, so torchrun tears the other ranks down at once instead of
+leaving them waiting in a collective until the trial's time limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainopt.atomic import write_json_atomic
+from trainopt.contract import distributed
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.knobs import catalog as knobs
+from trainopt.trial.forkserver import die_with_parent
+from trainopt.trial.worker import _cap_memory, _last_line, fill_result, is_out_of_memory
+
+__all__ = ["RankGroup", "run_rank", "main"]
+
+
+class RankGroup:
+    """This rank's view of the process group: the collectives the timed loop needs.
+
+    (Wrapping the model and sampling the data are the applier's, ``trainopt.trial.applier``.)
+
+    Args:
+        rank: Global rank.
+        world: Number of ranks.
+        device: This rank's torch.device.
+    """
+
+    def __init__(self, rank: int, world: int, device: torch.device):
+        self.rank = rank
+        self.world = world
+        self.device = device
+        # nccl reduces CUDA tensors only; gloo CPU tensors.
+        self._tensor_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives."""
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def _reduce_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self._tensor_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on any."""
+        return self._reduce_max(1.0 if flag else 0.0) > 0.5
+
+    def max(self, value: float) -> float:
+        """The largest ``value`` over all ranks."""
+        return self._reduce_max(value)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (in rank order); None on other ranks."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+
+def _rank_device(spec_device: str, local_rank: int) -> torch.device:
+    from trainopt.trial.applier import resolve_device
+
+    device = resolve_device(spec_device)
+    # One accelerator per rank, as torchrun jobs use them: rank i on cuda:LOCAL_RANK.
+    return torch.device("cuda", local_rank) if device.type == "cuda" else device
+
+
+def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> tuple[TrialResult, bool]:
+    """Run this rank's part of the trial.
+
+    Returns:
+        The result (rank 0's is the trial's; others carry only their own status), and
+        whether this rank itself failed (so it must exit non-zero to stop its peers).
+    """
+    from trainopt.trial import environment as fingerprint
+    from trainopt.trial.measure import NonFiniteLoss, Trainer, measure_throughput, probe_memory
+    from trainopt.trial.workloads import build_workload
+
+    settings = dict(request.settings)
+    spec = request.spec
+    seed = int(spec.get("seed", 0))
+    result = TrialResult(status="error", settings=settings, mode=request.mode, world_size=world)
+    try:
+        device = _rank_device(spec.get("device", "auto"), local_rank)
+        backend = distributed.resolve_backend(spec["distributed"].get("backend", "auto"), device.type)
+        result.backend = backend
+        result.env = fingerprint.environment(device)
+        reason = knobs.not_applicable_reason(settings, device.type, world)
+        if reason:
+            result.status, result.error = "not_applicable", reason
+            return result, False
+        torch.set_num_threads(distributed.rank_threads(settings["threads"], world))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        # Longer than the trial's own limit: a hung collective is the runner's to stop (as a
+        # timeout, killing every rank), not a library error on one rank.
+        limit = float(spec["measure"]["trial_timeout_s"]) + 60
+        dist.init_process_group(backend, timeout=timedelta(seconds=limit))
+        group = RankGroup(rank, world, device)
+        # The first collective starts the backend's threads and buffers; capped after it, as
+        # the single-process worker caps after importing torch, so the cap bounds training.
+        group.barrier()
+        _cap_memory(request.memory_gb, device)
+        torch.manual_seed(seed)
+        workload = build_workload(spec, Path(request.source_dir))
+        if settings["channels_last"] and not workload.image_like:
+            result.status = "not_applicable"
+            result.error = "channels_last needs 4-D image inputs; this workload's inputs are not images"
+            return result, False
+        trainer = Trainer(workload, settings, device, seed=seed, ddp=group)
+        result.env["torch_threads"] = torch.get_num_threads()
+        if request.mode == "probe":
+            m = probe_memory(trainer)
+        else:
+            cfg = spec["measure"]
+            m = measure_throughput(
+                trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"], group=group
+            )
+        own = {
+            "rank": rank,
+            "window_times": m.window_times,
+            "window_waits": m.window_waits,
+            "peak_memory_bytes": m.peak_memory_bytes,
+        }
+        gathered = group.gather(own)
+        if rank == 0:
+            if m.window_times:
+                combined = distributed.combine_ranks(gathered, m.window_steps, trainer.samples_per_step)
+                per_rank = combined.pop("per_rank")
+                m = dataclasses.replace(m, **combined)
+            else:
+                # A probe: the worst rank's peak decides whether the batch fits.
+                peaks = [g["peak_memory_bytes"] for g in gathered if g["peak_memory_bytes"] is not None]
+                m = dataclasses.replace(m, peak_memory_bytes=max(peaks) if peaks else None)
+                per_rank = [{"rank": g["rank"], "peak_memory_bytes": g["peak_memory_bytes"]} for g in gathered]
+            fill_result(result, m, trainer.dataset_len)
+            result.per_rank = per_rank
+        else:
+            result.status = "ok"
+        return result, False
+    except NonFiniteLoss as exc:
+        result.status, result.error = "nonfinite", str(exc)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - every fault becomes a status
+        traceback.print_exc()
+        result.status = "oom" if is_out_of_memory(exc) else "error"
+        result.error = _last_line(exc)
+    return result, True
+
+
+def _write_status(path: Path, **fields: Any) -> None:
+    write_json_atomic(path, {"pid": os.getpid(), "time": time.time(), **fields})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one rank of the request named on the command line (torchrun sets RANK and WORLD_SIZE)."""
+    argv = sys.argv[1:] if argv is None else argv
+    start = time.perf_counter()
+    # A rank ends with its torchrun agent, which ends with the orchestrator.
+    die_with_parent()
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    request = TrialRequest.from_json(Path(argv[0]).read_text())
+    status_path = distributed.rank_status_path(request.result_path, rank)
+    _write_status(status_path, rank=rank, state="started")
+    result, failed = run_rank(request, rank, world, local_rank)
+    if failed:
+        print(f"trainopt.trial.ddp_rank: rank {rank} of {world}: {result.status}: {result.error}", file=sys.stderr)
+        _write_status(status_path, rank=rank, state="failed", status=result.status, error=result.error)
+    elif rank == 0:
+        result.wall_s = time.perf_counter() - start
+        write_json_atomic(request.result_path, result.to_dict())
+    if not failed:
+        _write_status(status_path, rank=rank, state="done", status=result.status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As in the single-process worker: no interpreter teardown (loader workers, process
+    # group shutdown) that could hang a finished rank. A failed rank exits 1 so torchrun
+    # stops its peers instead of leaving them blocked in a collective.
+    os._exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Entry point of a trial process: ``python -m trainopt.trial.worker REQUEST.json``.
+
+It reads one ``TrialRequest``, builds the workload, applies the knobs, measures, and
+writes exactly one ``TrialResult`` to the requested path. Every failure it can see is
+turned into an explicit status here (oom, nonfinite, error, not_applicable); failures it
+cannot see (a segfault, a hang) are classified by the runner from the outside.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from trainopt.atomic import write_json_atomic
+from trainopt.contract import slots
+from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.knobs import catalog as knobs
+from trainopt.stats import intervals as stats
+from trainopt.trial.forkserver import die_with_parent, expected_parent
+
+__all__ = ["execute", "fill_result", "main", "is_out_of_memory"]
+
+# "std::bad_alloc": a C++ allocation inside torch (collating a large batch under an
+# address-space cap, for one) fails with the bare exception name as its message.
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory", "std::bad_alloc")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for the allocator's own out-of-memory errors (CUDA, CPU allocator, Python)."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom_type = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MARKERS)
+
+
+def _cap_memory(memory_gb: float | None, device) -> None:
+    """Make an over-large batch fail with the allocator's own out-of-memory error.
+
+    On CUDA the device's caching allocator is capped at ``memory_gb`` (as a fraction of
+    the device's memory): an address-space limit would make the CUDA driver itself fail
+    to start. On a CPU the process's address space is capped, set after ``import torch``
+    (whose libraries reserve address space up front) so that it bounds what training
+    allocates; loader workers inherit the cap.
+    """
+    if memory_gb is None:
+        return
+    limit = int(memory_gb * 1024**3)
+    if device.type == "cuda":
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = int(torch.cuda.get_device_properties(index).total_memory)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _last_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: the line a user needs, not library advice after it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def fill_result(result: TrialResult, m, dataset_len: int | None) -> None:
+    """Copy a ``Measurement``'s figures into ``result`` and mark it ok (also used by DDP rank 0)."""
+    summary = stats.summarize_windows(m.windows[m.steady_from:]) if m.windows else {}
+    result.status = "ok"
+    result.samples_per_s = m.samples_per_s
+    result.windows = m.windows
+    result.window_steps = m.window_steps
+    result.steady_from = m.steady_from
+    result.steady = m.steady
+    result.median = summary.get("median")
+    result.iqr = summary.get("iqr")
+    result.step_time_s = m.step_time_s
+    result.data_wait_fraction = m.data_wait_fraction
+    result.peak_memory_bytes = m.peak_memory_bytes
+    result.warmup_s = m.warmup_s
+    result.compile_s = m.compile_s
+    result.first_step_s = m.first_step_s
+    result.first_loss = m.first_loss
+    result.last_loss = m.last_loss
+    result.steps = m.steps
+    result.dataset_len = dataset_len
+    result.grad_scaler = m.grad_scaler
+
+
+def execute(request: TrialRequest) -> TrialResult:
+    """Run one trial in this process and return its result (never raises for trial faults)."""
+    import torch
+
+    from trainopt.trial import environment as fingerprint
+    from trainopt.trial.applier import resolve_device
+    from trainopt.trial.measure import NonFiniteLoss, Trainer, measure_throughput, probe_memory
+    from trainopt.trial.workloads import build_workload
+
+    settings = dict(request.settings)
+    result = TrialResult(status="error", settings=settings, mode=request.mode)
+    if request.spec.get("distributed"):
+        # Measuring a data-parallel spec in one process would report a different job.
+        result.error = "a spec with a distributed block runs each trial under torchrun (trainopt.trial.ddp_rank), not trainopt.trial.worker"
+        return result
+    try:
+        device = resolve_device(request.spec.get("device", "auto"))
+        result.env = fingerprint.environment(device)
+        result.env["cpu_set"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        reason = knobs.not_applicable_reason(settings, device.type) or slots.threads_reason(
+            settings.get("threads"), slots.slot_cpus_from_env(os.environ))
+        if reason:
+            result.status, result.error = "not_applicable", reason
+            return result
+        _cap_memory(request.memory_gb, device)
+        torch.manual_seed(int(request.spec.get("seed", 0)))
+        workload = build_workload(request.spec, Path(request.source_dir))
+        if settings["channels_last"] and not workload.image_like:
+            result.status = "not_applicable"
+            result.error = "channels_last needs 4-D image inputs; this workload's inputs are not images"
+            return result
+        trainer = Trainer(workload, settings, device, seed=int(request.spec.get("seed", 0)))
+        result.env["torch_threads"] = torch.get_num_threads()
+        if request.mode == "probe":
+            m = probe_memory(trainer)
+        else:
+            cfg = request.spec["measure"]
+            m = measure_throughput(
+                trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"]
+            )
+        fill_result(result, m, trainer.dataset_len)
+    except NonFiniteLoss as exc:
+        result.status, result.error = "nonfinite", str(exc)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - every fault becomes a status, never a lost result
+        # The user's traceback goes to the trial log; the result keeps its last line.
+        traceback.print_exc()
+        result.status = "oom" if is_out_of_memory(exc) else "error"
+        result.error = _last_line(exc)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the request named on the command line; always try to write a result."""
+    argv = sys.argv[1:] if argv is None else argv
+    start = time.perf_counter()
+    die_with_parent(parent=expected_parent())
+    request = TrialRequest.from_json(Path(argv[0]).read_text())
+    result = execute(request)
+    result.wall_s = time.perf_counter() - start
+    write_json_atomic(request.result_path, result.to_dict())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: loader workers and compile caches are not needed any more,
+    # and a slow or hanging teardown must not turn a finished trial into a timeout.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Build the thing being trained from a spec: model, data set, loss and optimizer.
+
+Each part is a built-in name or a reference to the user's code (see ``reference``).
+Mistakes in the spec raise ``WorkloadError`` with a one-line message; exceptions raised
+by the user's own factories pass through unchanged, so their tracebacks reach the log.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset
+
+from trainopt.contract.reference import WorkloadError, check_kwargs, is_reference, resolve_reference
+from trainopt.knobs.kwargs import optimizer_kwargs
+from trainopt.trial.workloads.data import BUILTIN_DATA, build_dataset
+from trainopt.trial.workloads.models import BUILTIN_MODELS
+
+__all__ = [
+    "Workload",
+    "WorkloadError",
+    "build_workload",
+    "resolve_reference",
+    "BUILTIN_MODELS",
+    "BUILTIN_DATA",
+    "BUILTIN_LOSSES",
+    "BUILTIN_OPTIMIZERS",
+]
+
+
+@dataclass
+class Workload:
+    """Everything a trial needs to run training steps.
+
+    Attributes:
+        model: The network, on the CPU, freshly initialized from the spec's seed.
+        dataset: A map-style data set whose items are ``(input, target)`` tensors.
+        loss_fn: ``loss_fn(output, target)`` returns a scalar tensor.
+        optimizer_factory: ``optimizer_factory(params, impl)`` returns an optimizer;
+            ``impl`` is ``"default"``, ``"foreach"`` or ``"fused"``.
+        image_like: True when a batch of inputs is 4-D, so channels-last applies.
+    """
+
+    model: nn.Module
+    dataset: Dataset
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer_factory: Callable[[Iterable[Any], str], torch.optim.Optimizer]
+    image_like: bool
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy; sequence logits ``[B, T, V]`` are scored per token."""
+    if output.dim() == 3 and target.dim() == 2:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    return F.cross_entropy(output, target)
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error; the target is cast to the output's dtype and shape.
+
+    Integer or ``[B]`` targets are common in user data; casting here keeps them from
+    failing under mixed precision, while a real size mismatch is still an error rather
+    than a silent broadcast.
+    """
+    if target.dtype != output.dtype:
+        target = target.to(output.dtype)
+    if target.shape != output.shape:
+        if target.numel() != output.numel():
+            raise ValueError(
+                f"mse: model output {tuple(output.shape)} and target {tuple(target.shape)} differ in size; "
+                f"make the model's output width match the target"
+            )
+        target = target.reshape(output.shape)
+    return F.mse_loss(output, target)
+
+
+BUILTIN_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "cross_entropy": cross_entropy,
+    "mse": mse,
+}
+BUILTIN_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+
+
+def _with_impl(args: Mapping[str, Any], impl: str) -> dict[str, Any]:
+    # The impl knob is what is being measured, so it overrides foreach/fused in the
+    # spec's args; only the one key is set, since older optimizers lack the other.
+    kwargs = dict(args)
+    extra = optimizer_kwargs(impl)
+    if extra:
+        kwargs.pop("foreach", None)
+        kwargs.pop("fused", None)
+        kwargs.update(extra)
+    return kwargs
+
+
+def _accepts(factory: Callable[..., Any], key: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == key or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _optimizer_factory(name: str, args: Mapping[str, Any], source_dir: Path):
+    if is_reference(name):
+        factory = resolve_reference(name, source_dir, field="optimizer.name")
+        check_kwargs(factory, args, "optimizer.args", repr(name), leading=1)
+        label = f"optimizer.name {name!r}"
+    elif name in BUILTIN_OPTIMIZERS:
+        factory = BUILTIN_OPTIMIZERS[name]
+        check_kwargs(factory, args, "optimizer.args", name, leading=1)
+        label = f"optimizer {name!r}"
+    else:
+        raise WorkloadError(
+            f"optimizer.name {name!r} is not a built-in optimizer ({', '.join(BUILTIN_OPTIMIZERS)}) "
+            f"nor a 'module:callable' reference"
+        )
+
+    def make(params: Iterable[Any], impl: str = "default") -> torch.optim.Optimizer:
+        kwargs = _with_impl(args, impl)
+        for key in optimizer_kwargs(impl):
+            if not _accepts(factory, key):
+                raise WorkloadError(f"{label} takes no {key!r} argument, so optimizer_impl={impl} cannot apply to it")
+        return factory(params, **kwargs)
+
+    return make
+
+
+def _loss(name: str, source_dir: Path) -> Callable[[Any, Any], torch.Tensor]:
+    if name in BUILTIN_LOSSES:
+        return BUILTIN_LOSSES[name]
+    if not is_reference(name):
+        raise WorkloadError(
+            f"loss {name!r} is not a built-in loss ({', '.join(BUILTIN_LOSSES)}) nor a 'module:callable' reference"
+        )
+    loss = resolve_reference(name, source_dir, field="loss")
+    if isinstance(loss, type):
+        if not issubclass(loss, nn.Module):
+            raise WorkloadError(
+                f"loss {name!r}: {loss.__name__} is a class but not a torch.nn.Module; "
+                f"name a function loss(output, target) or an nn.Module loss class"
+            )
+        # A loss class such as torch.nn:CrossEntropyLoss is used with its defaults.
+        loss = loss()
+    return loss
+
+
+def _dataset(name: str, args: Mapping[str, Any], source_dir: Path) -> Dataset:
+    if not is_reference(name):
+        return build_dataset(name, args)
+    factory = resolve_reference(name, source_dir, field="data.name")
+    check_kwargs(factory, args, "data.args", repr(name))
+    dataset = factory(**args)  # the user's errors propagate as raised
+    expected = "expected a torch.utils.data.Dataset yielding (input, target)"
+    if isinstance(dataset, IterableDataset) or not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
+        what = "an IterableDataset" if isinstance(dataset, IterableDataset) else type(dataset).__name__
+        raise WorkloadError(f"data.name {name!r}: returned {what}, {expected} (map-style, with __len__)")
+    if len(dataset) == 0:
+        raise WorkloadError(f"data.name {name!r}: returned an empty data set; it needs at least one batch of samples")
+    first = dataset[0]
+    if not isinstance(first, (tuple, list)) or len(first) != 2:
+        got = type(first).__name__
+        if isinstance(first, (tuple, list)):
+            got = f"a {got} of length {len(first)}"
+        raise WorkloadError(f"data.name {name!r}: item 0 is {got}; {expected} pairs")
+    return dataset
+
+
+def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
+    x = dataset[0][0]
+    shape = getattr(x, "shape", None)
+    return tuple(int(s) for s in shape) if shape is not None else ()
+
+
+def _shape_hints(name: str, dataset: Dataset, input_shape: tuple[int, ...], args: Mapping[str, Any]) -> dict[str, Any]:
+    """Model arguments the data set already determines; the spec's ``args`` win."""
+    hints: dict[str, Any] = {}
+    if name in ("resnet18", "resnet50", "mlp"):
+        hints["input_shape"] = input_shape
+        # The built-in sets say how wide the output must be (classes, or 1 for regression).
+        outputs = getattr(dataset, "num_outputs", None)
+        if isinstance(outputs, int):
+            hints["num_classes"] = outputs
+    elif name == "gpt":
+        for key in ("vocab_size", "seq_len"):
+            value = getattr(dataset, key, None)
+            if isinstance(value, int):
+                hints[key] = value
+                given = args.get(key)
+                # A smaller table than the data needs fails deep in an embedding lookup.
+                if isinstance(given, int) and not isinstance(given, bool) and given < value:
+                    raise WorkloadError(
+                        f"model.args.{key} is {given} but the data set's {key} is {value}; raise it or leave it out"
+                    )
+    return {k: v for k, v in hints.items() if k not in args}
+
+
+def _model(name: str, args: Mapping[str, Any], source_dir: Path, dataset: Dataset, input_shape) -> nn.Module:
+    if is_reference(name):
+        factory = resolve_reference(name, source_dir, field="model.name")
+        check_kwargs(factory, args, "model.args", repr(name))
+        model = factory(**args)  # the user's errors propagate as raised
+        if not isinstance(model, nn.Module):
+            raise WorkloadError(f"model.name {name!r}: returned {type(model).__name__}, expected a torch.nn.Module")
+        return model
+    if name not in BUILTIN_MODELS:
+        raise WorkloadError(
+            f"model.name {name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}) "
+            f"nor a 'module:callable' reference"
+        )
+    factory = BUILTIN_MODELS[name]
+    check_kwargs(factory, args, "model.args", name)
+    if name.startswith("resnet") and "input_shape" not in args and len(input_shape) != 3:
+        raise WorkloadError(
+            f"model.name {name!r} needs image inputs [channels, height, width], but the data set's inputs "
+            f"have shape {list(input_shape)}; use image data or another model"
+        )
+    return factory(**{**_shape_hints(name, dataset, input_shape, args), **args})
+
+
+def _section(spec: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
+    section = spec.get(key)
+    if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
+        raise WorkloadError(f"{key}: expected a mapping with 'name' (and optional 'args'), got {section!r}")
+    args = section.get("args") or {}
+    if not isinstance(args, Mapping):
+        raise WorkloadError(f"{key}.args: expected a mapping of keyword arguments, got {args!r}")
+    return section["name"], dict(args)
+
+
+def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
+    """Build the model, data set, loss and optimizer factory that a spec describes.
+
+    The data set comes first so the built-in models can take their input shape (and
+    vocabulary, output width) from it. Torch is seeded with ``spec["seed"]`` before the
+    data set and again before the model, so the model's weights do not depend on how
+    much randomness the data set's construction used.
+
+    Args:
+        spec: The resolved spec as plain data, with ``model``, ``data``, ``loss``,
+            ``optimizer`` and ``seed``.
+        source_dir: The spec's folder, where references to user code are looked up.
+
+    Returns:
+        The workload.
+
+    Raises:
+        WorkloadError: A part of the spec cannot be built as written. Exceptions raised
+            inside user factories propagate unchanged.
+    """
+    source_dir = Path(source_dir)
+    seed = int(spec.get("seed", 0))
+    model_name, model_args = _section(spec, "model")
+    data_name, data_args = _section(spec, "data")
+    opt_name, opt_args = _section(spec, "optimizer")
+    loss_name = spec.get("loss")
+    if not isinstance(loss_name, str):
+        raise WorkloadError(f"loss: expected a built-in loss name or a 'module:callable' reference, got {loss_name!r}")
+
+    torch.manual_seed(seed)
+    dataset = _dataset(data_name, data_args, source_dir)
+    input_shape = _sample_shape(dataset)
+    torch.manual_seed(seed)
+    model = _model(model_name, model_args, source_dir, dataset, input_shape)
+    return Workload(
+        model=model,
+        dataset=dataset,
+        loss_fn=_loss(loss_name, source_dir),
+        optimizer_factory=_optimizer_factory(opt_name, opt_args, source_dir),
+        image_like=len(input_shape) == 3,
+    )
