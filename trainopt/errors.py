@@ -2,10 +2,10 @@
 
 The CLI answers any ``UserError`` with ``render()`` and exit code 2, never a traceback;
 anything else is a bug in trainopt and keeps its traceback. Every module's own user
-error subclasses it: ``SpecError`` (spec.py), ``WorkloadError`` (reference.py),
-``ResultsError`` (results.py), ``SpecChangedError`` and ``StorageError`` (store.py), ``OutputFolderError``
-(workspace.py), ``SchemaVersionError`` (protocol.py), ``SettingsError`` (settings.py),
-``ExportError`` (export.py).
+error subclasses it: ``SpecError`` (contract/spec.py), ``WorkloadError`` (contract/reference.py),
+``ResultsError`` (outputs/results.py), ``SpecChangedError`` and ``StorageError`` (search/store.py),
+``OutputFolderError`` (outputs/workspace.py), ``SchemaVersionError`` (contract/protocol.py),
+``SettingsError`` (settings/record.py), ``ExportError`` (settings/export/).
 """
 
 __all__ = ["UserError"]

@@ -19,7 +19,8 @@ from trainopt.execute import ddp_launch as launch
 from trainopt.knobs import catalog as knobs
 from trainopt.knobs import kwargs as apply
 from trainopt.settings.export import render_settings
-from trainopt.settings.production import SettingsError, TrainSettings, settings_from_dict
+from trainopt.settings.production import TrainSettings, settings_from_dict
+from trainopt.settings.record import SettingsError
 from trainopt.trial.applier import Applier
 
 

@@ -13,7 +13,7 @@ from trainopt.outputs.results import ResultsError
 from trainopt.outputs.workspace import OutputFolderError
 from trainopt.search.store import SpecChangedError
 from trainopt.settings.export import ExportError
-from trainopt.settings.production import SettingsError
+from trainopt.settings.record import SettingsError
 
 
 @pytest.mark.parametrize(

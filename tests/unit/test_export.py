@@ -10,7 +10,8 @@ import yaml
 from trainopt.errors import UserError
 from trainopt.knobs.catalog import KNOBS, default_settings
 from trainopt.settings.export import FORMATS, ExportError, render_export
-from trainopt.settings.production import SettingsError, load_settings
+from trainopt.settings.production import load_settings
+from trainopt.settings.record import SettingsError
 
 PROVENANCE = {
     "search": "resnet",

@@ -14,15 +14,13 @@ import yaml
 import trainopt
 from trainopt.errors import UserError
 from trainopt.knobs.catalog import KNOBS, default_settings
-from trainopt.settings.production import (
+from trainopt.settings.environment_check import TrainSettingsWarning
+from trainopt.settings.production import TrainSettings, load_settings, settings_from_dict
+from trainopt.settings.record import (
     SettingsError,
     SettingsRecord,
-    TrainSettings,
-    TrainSettingsWarning,
-    load_settings,
     read_settings_file,
     record_from_document,
-    settings_from_dict,
     validate_record,
 )
 from trainopt.trial.environment import environment
