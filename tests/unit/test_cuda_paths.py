@@ -12,13 +12,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trainopt.contract.boundary import SLOT_CPUS_VAR
+from trainopt.contract.protocol import TrialRequest
 from trainopt.knobs import catalog as knobs
 from trainopt.knobs.catalog import default_settings
 from trainopt.knobs.kwargs import loader_kwargs
+from trainopt.trial import arm, faults, memory, workloads
 from trainopt.trial import environment as fingerprint
-from trainopt.trial import worker
 from trainopt.trial.applier import Applier
-from trainopt.trial.measure import _PeakMemory
+from trainopt.trial.memory import PeakMemory
 
 CUDA0 = torch.device("cuda", 0)
 GIB = 1024**3
@@ -39,7 +41,7 @@ GIB = 1024**3
     ids=["OutOfMemoryError", "cuda-message", "cpu-allocator", "MemoryError", "cpp-bad-alloc"],
 )
 def test_out_of_memory_errors_are_oom(exc):
-    assert worker.is_out_of_memory(exc)
+    assert faults.is_out_of_memory(exc)
 
 
 @pytest.mark.parametrize(
@@ -52,12 +54,12 @@ def test_out_of_memory_errors_are_oom(exc):
     ids=["illegal-access", "device-assert", "value-error"],
 )
 def test_other_cuda_errors_are_not_oom(exc):
-    assert not worker.is_out_of_memory(exc)
+    assert not faults.is_out_of_memory(exc)
 
 
 def test_torch_out_of_memory_error_is_classified_by_type_not_message():
     assert issubclass(torch.OutOfMemoryError, RuntimeError)
-    assert worker.is_out_of_memory(torch.OutOfMemoryError("allocation failed"))
+    assert faults.is_out_of_memory(torch.OutOfMemoryError("allocation failed"))
 
 
 # ---- peak memory from the CUDA allocator ------------------------------------------------
@@ -67,7 +69,7 @@ def test_peak_memory_on_cuda_comes_from_the_allocator(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("max", device)) or 3 * GIB)
-    mem = _PeakMemory(CUDA0)
+    mem = PeakMemory(CUDA0)
     mem.sample()  # no RSS sampling on CUDA
     assert mem.peak() == 3 * GIB
     assert calls == [("reset", CUDA0), ("max", CUDA0)]
@@ -103,7 +105,7 @@ def test_memory_cap_on_cuda_uses_the_allocator_fraction_not_rlimit(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 * GIB))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: seen.update(fraction=f, device=d))
     monkeypatch.setattr(resource, "setrlimit", lambda *a: pytest.fail("RLIMIT_AS must not be set for a CUDA trial"))
-    worker._cap_memory(20.0, CUDA0)
+    memory.cap_memory(20.0, CUDA0)
     assert seen == {"fraction": pytest.approx(0.25), "device": 0}
 
 
@@ -112,7 +114,7 @@ def test_memory_cap_on_cuda_above_the_device_is_the_whole_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=16 * GIB))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: seen.update(fraction=f, device=d))
-    worker._cap_memory(64.0, torch.device("cuda"))
+    memory.cap_memory(64.0, torch.device("cuda"))
     assert seen == {"fraction": 1.0, "device": 1}
 
 
@@ -120,10 +122,45 @@ def test_memory_cap_on_cpu_is_an_address_space_limit(monkeypatch):
     seen = []
     monkeypatch.setattr(resource, "setrlimit", lambda which, limits: seen.append((which, limits)))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a: pytest.fail("no CUDA call on CPU"))
-    worker._cap_memory(2.0, torch.device("cpu"))
+    memory.cap_memory(2.0, torch.device("cpu"))
     assert seen == [(resource.RLIMIT_AS, (2 * GIB, 2 * GIB))]
-    worker._cap_memory(None, torch.device("cpu"))
+    memory.cap_memory(None, torch.device("cpu"))
     assert len(seen) == 1
+
+
+class _StopAfterCap(Exception):
+    """Raised by a fake workload factory: the arm's set-up got past the memory cap."""
+
+
+def _set_up_an_arm(monkeypatch, device: str, memory_gb: float | None):
+    """Run an arm's own set-up up to building the workload; return the address-space limits it set."""
+    limits = []
+    monkeypatch.setattr(resource, "setrlimit", lambda which, lim: limits.append((which, lim)))
+    monkeypatch.setattr(fingerprint, "environment", lambda device=None: {"device_type": device.type})
+    monkeypatch.setattr(workloads, "build_workload", lambda spec, source_dir: (_ for _ in ()).throw(_StopAfterCap()))
+    monkeypatch.delenv(SLOT_CPUS_VAR, raising=False)
+    request = TrialRequest(spec={"device": device, "seed": 0, "measure": {"window_seconds": 0.1}}, source_dir=".",
+                           settings=default_settings(), mode="measure", result_path="/nonexistent/result.json",
+                           memory_gb=memory_gb)
+    with pytest.raises(_StopAfterCap):
+        arm._Arm(request, None, 1).setup()
+    return limits
+
+
+def test_an_arm_on_cuda_with_a_memory_limit_caps_the_allocator_not_the_address_space(monkeypatch):
+    # An address-space limit would stop the CUDA driver from starting in every arm of a session.
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 * GIB))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: seen.update(fraction=f, device=d))
+    assert _set_up_an_arm(monkeypatch, "cuda:0", 20.0) == []
+    assert seen == {"fraction": pytest.approx(0.25), "device": 0}
+
+
+def test_an_arm_on_cpu_with_a_memory_limit_caps_the_address_space(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a: pytest.fail("no CUDA call on CPU"))
+    assert _set_up_an_arm(monkeypatch, "cpu", 2.0) == [(resource.RLIMIT_AS, (2 * GIB, 2 * GIB))]
+    assert _set_up_an_arm(monkeypatch, "cpu", None) == []
 
 
 # ---- environment fingerprint ---------------------------------------------------------------

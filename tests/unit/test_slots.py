@@ -13,9 +13,9 @@ from tests.fakes import FakeRunner
 from trainopt.contract import slots
 from trainopt.contract.boundary import SLOT_CPUS_VAR
 from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.session import SessionResult
 from trainopt.contract.slots import Slot, SlotError
 from trainopt.execute.executors import SerialExecutor, SessionJob, SlotExecutor
-from trainopt.execute.session import SessionResult
 
 ENV = {"device_type": "cpu", "device_name": "Xeon", "cpu_model": "Xeon", "torch": "2.13.0", "cuda": None,
        "python": "3.11.7", "cpu_flags": ["avx2"], "device_memory_bytes": None}

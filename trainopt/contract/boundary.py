@@ -43,7 +43,7 @@ REFCHECK_MODULE = "trainopt.trial.refcheck"
 ENTRY_MODULES = (WORKER_MODULE, FORKSERVER_MODULE, TORCHRUN_MODULE, DDP_RANK_MODULE, REFCHECK_MODULE)
 
 # Imported by the fork server before its first fork: everything an arm needs that is slow to import.
-ARM_PRELOAD = ("torch", "torch._dynamo", "trainopt.trial.measure", "trainopt.trial.workloads", "trainopt.trial.worker",
+ARM_PRELOAD = ("torch", "torch._dynamo", "trainopt.trial.measure", "trainopt.trial.workloads",
                "trainopt.trial.environment", "trainopt.trial.arm")
 # Imported on the first request for an arm that compiles: about 1 s of every compiled arm's
 # start (measured 4.7-4.9 s to the first compiled step of the demo's model from a warm

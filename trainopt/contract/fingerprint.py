@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = ["cpu_info", "parse_cpuinfo", "differences", "COMPARED_KEYS"]
 
@@ -49,11 +49,23 @@ def cpu_info() -> dict[str, Any]:
     return info
 
 
-def differences(measured: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
-    """Human lines for each compared key that differs between two fingerprints."""
+def differences(
+    measured: Mapping[str, Any],
+    here: Mapping[str, Any],
+    keys: Sequence[str] = COMPARED_KEYS,
+    line: str = "{key}: measured on {a!r}, running on {b!r}",
+) -> list[str]:
+    """Human lines for each compared key that differs between two fingerprints.
+
+    Args:
+        measured: The fingerprint a figure was measured on.
+        here: The fingerprint to compare it with.
+        keys: The keys compared, in the order the lines name them.
+        line: Each line's format, given ``key`` and the two values ``a`` and ``b``.
+    """
     out = []
-    for key in COMPARED_KEYS:
+    for key in keys:
         a, b = measured.get(key), here.get(key)
         if a != b:
-            out.append(f"{key}: measured on {a!r}, running on {b!r}")
+            out.append(line.format(key=key, a=a, b=b))
     return out

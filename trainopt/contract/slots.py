@@ -3,7 +3,7 @@
 A slot is one GPU, or a set of CPU cores that no other slot uses. Sessions on different
 slots run at once; the arms of one session always share one slot. Everything here is a
 decision over plain data (core lists, device ids, fingerprints); processes and threads
-are ``executor.SlotExecutor``'s business.
+are ``trainopt.execute.executors.SlotExecutor``'s business.
 
 Why the thread counts are set explicitly: PyTorch sizes its intra-op pool from the
 machine's core count, not from the process's affinity, so a trial pinned to one core
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from trainopt.contract.boundary import SLOT_CPUS_VAR
-from trainopt.contract.fingerprint import COMPARED_KEYS
+from trainopt.contract.fingerprint import COMPARED_KEYS, differences
 from trainopt.errors import UserError
 
 __all__ = [
@@ -43,8 +43,6 @@ __all__ = [
     "foreign_gpu_processes",
     "gpu_busy_warnings",
 ]
-
-# Set in a slot's processes: the number of cores the slot owns (read by the trial side).
 
 # Fingerprint keys that must agree between slots: a verdict measured on one slot is
 # combined with measurements from the others, so they must be the same kind of machine.
@@ -217,20 +215,15 @@ def plan_slots(n: int, cpus: Sequence[int], gpus: Sequence[str], device: str = "
 
 
 def slot_differences(first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
-    """Lines naming each fingerprint key that differs between the first slot and another."""
-    out = []
-    for key in SLOT_KEYS:
-        a, b = first.get(key), other.get(key)
-        if a != b:
-            out.append(f"{key}: {a!r} on the first slot, {b!r} here")
-    return out
+    """Lines naming each fingerprint key (``SLOT_KEYS``) that differs between the first slot and another."""
+    return differences(first, other, SLOT_KEYS, "{key}: {a!r} on the first slot, {b!r} here")
 
 
 def check_alike(fingerprints: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> None:
     """Refuse slots whose environment differs from the first slot's.
 
     Args:
-        fingerprints: Each slot's environment fingerprint (``fingerprint.environment``).
+        fingerprints: Each slot's environment fingerprint (``trainopt.trial.environment.environment``).
         names: How to call each slot in the message (default ``slot K``).
 
     Raises:

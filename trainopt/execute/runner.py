@@ -62,7 +62,7 @@ class ChildExit:
 def child_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a trainopt child process: this one's, plus ``extra_env``."""
     env = child_environment(extra=extra_env)
-    # The child ends with this process, even on a kill -9 (forkserver.die_with_parent).
+    # The child ends with this process, even on a kill -9 (lifeline.die_with_parent).
     env[PARENT_PID_VAR] = str(os.getpid())
     return env
 

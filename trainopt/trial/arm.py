@@ -1,7 +1,7 @@
 """A live trial process ("arm") of an interleaved measurement session.
 
-An arm builds its workload exactly as a one-shot trial does (the workload factory, the
-knobs applied by ``measure.Trainer``), warms up once (discarded), calibrates how many
+An arm builds its workload exactly as a one-shot trial does (the same device resolver,
+memory cap, workload factory and knobs applied by ``measure.Trainer``), warms up once (discarded), calibrates how many
 steps fill one window, and then waits for commands on its control socket. It never
 writes anything the orchestrator reads to stdout or stderr; those go to the arm's log.
 
@@ -31,7 +31,6 @@ import contextlib
 import json
 import math
 import os
-import resource
 import sys
 import time
 import traceback
@@ -42,6 +41,9 @@ from typing import Any
 from trainopt.contract import slots
 from trainopt.contract.protocol import SCHEMA_VERSION, TrialRequest
 from trainopt.knobs import catalog as knobs
+from trainopt.trial.applier import resolve_device
+from trainopt.trial.faults import fault_status
+from trainopt.trial.memory import PeakMemory, cap_memory
 
 __all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE"]
 
@@ -73,32 +75,6 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-# ---- set-up, as worker.execute does it (to be shared with the worker later) ---------------
-
-
-def _resolve_device(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} was asked for but CUDA is not available; use device: auto or cpu")
-    return device
-
-
-def _cap_memory(memory_gb: float | None) -> None:
-    # After import torch (its libraries reserve address space); loader workers inherit the cap.
-    if memory_gb is not None:
-        limit = int(memory_gb * 1024**3)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
 def _cpu_set(pid: int) -> list[int] | None:
     try:
         return sorted(os.sched_getaffinity(pid))
@@ -116,36 +92,6 @@ def _children_cpu_sets() -> list[list[int]]:
         if cpus is not None:
             out.append(cpus)
     return out
-
-
-class _PeakMemory:
-    """CUDA max allocated, or on CPU this process's peak RSS plus its loader workers' RSS.
-
-    Workers are sampled outside timed regions only.
-    """
-
-    def __init__(self, device):
-        self.device = device
-        self.children_peak = 0
-
-    def sample(self) -> None:
-        if self.device.type == "cuda":
-            return
-        with contextlib.suppress(Exception):
-            import psutil
-
-            total = 0
-            for kid in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    total += kid.memory_info().rss
-            self.children_peak = max(self.children_peak, total)
-
-    def peak(self) -> int:
-        if self.device.type == "cuda":
-            import torch
-
-            return int(torch.cuda.max_memory_allocated(self.device))
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + self.children_peak)
 
 
 class _Arm:
@@ -173,25 +119,24 @@ class _Arm:
 
         request = self.request
         settings = dict(request.settings)
-        device = _resolve_device(request.spec.get("device", "auto"))
+        device = resolve_device(request.spec.get("device", "auto"))
         env = fingerprint.environment(device)
         env["cpu_set"] = _cpu_set(os.getpid())
         reason = knobs.not_applicable_reason(settings, device.type) or slots.threads_reason(
             settings.get("threads"), slots.slot_cpus_from_env(os.environ))
         if reason:
             return {"kind": "failed", "status": "not_applicable", "error": reason}
-        _cap_memory(request.memory_gb)
+        cap_memory(request.memory_gb, device)
         seed = int(request.spec.get("seed", 0))
         torch.manual_seed(seed)
         workload = build_workload(request.spec, Path(request.source_dir))
         if settings["channels_last"] and not workload.image_like:
             return {"kind": "failed", "status": "not_applicable",
                     "error": "channels_last needs 4-D image inputs; this workload's inputs are not images"}
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        mem = PeakMemory(device)  # before the trainer, so the peak counts building it too
         trainer = Trainer(workload, settings, device, seed=seed)
         env["torch_threads"] = torch.get_num_threads()
-        self.trainer, self.mem = trainer, _PeakMemory(device)
+        self.trainer, self.mem = trainer, mem
         return self._warm_up(env, device)
 
     def _host_read(self, i: int) -> None:
@@ -322,13 +267,13 @@ def rewarm_for(typical_step_s: float, window_seconds: float, rewarm_steps: int,
 
 def _failure(exc: BaseException) -> dict[str, Any]:
     from trainopt.trial.measure import NonFiniteLoss
-    from trainopt.trial.worker import is_out_of_memory
 
     if isinstance(exc, NonFiniteLoss):
         return {"kind": "failed", "status": "nonfinite", "error": str(exc)}
     # The user's traceback goes to the arm's log; the result keeps its last line.
     traceback.print_exc()
-    return {"kind": "failed", "status": "oom" if is_out_of_memory(exc) else "error", "error": _last_line(exc)}
+    status, error = fault_status(exc)
+    return {"kind": "failed", "status": status, "error": error}
 
 
 def serve(fd: int) -> int:

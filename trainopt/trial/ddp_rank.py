@@ -31,8 +31,10 @@ from trainopt.atomic import write_json_atomic
 from trainopt.contract import distributed
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.knobs import catalog as knobs
-from trainopt.trial.forkserver import die_with_parent
-from trainopt.trial.worker import _cap_memory, _last_line, fill_result, is_out_of_memory
+from trainopt.trial.faults import fault_status
+from trainopt.trial.lifeline import die_with_parent
+from trainopt.trial.memory import cap_memory
+from trainopt.trial.worker import fill_result
 
 __all__ = ["RankGroup", "run_rank", "main"]
 
@@ -125,7 +127,7 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         # The first collective starts the backend's threads and buffers; capped after it, as
         # the single-process worker caps after importing torch, so the cap bounds training.
         group.barrier()
-        _cap_memory(request.memory_gb, device)
+        cap_memory(request.memory_gb, device)
         torch.manual_seed(seed)
         workload = build_workload(spec, Path(request.source_dir))
         if settings["channels_last"] and not workload.image_like:
@@ -167,8 +169,7 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         result.status, result.error = "nonfinite", str(exc)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - every fault becomes a status
         traceback.print_exc()
-        result.status = "oom" if is_out_of_memory(exc) else "error"
-        result.error = _last_line(exc)
+        result.status, result.error = fault_status(exc)
     return result, True
 
 

@@ -24,48 +24,16 @@ the runtime as loaded here.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import socket
 import sys
 
-from trainopt.contract.boundary import ARM_PRELOAD, FORKSERVER_PARENT_VAR, PARENT_PID_VAR
+from trainopt.contract.boundary import ARM_PRELOAD, FORKSERVER_PARENT_VAR
+from trainopt.trial.lifeline import die_with_parent, watch_parent
 
-__all__ = ["main", "die_with_parent", "expected_parent"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-
-def expected_parent() -> int | None:
-    """The parent pid the orchestrator named in ``PARENT_PID_VAR`` (None when run by hand)."""
-    value = os.environ.get(PARENT_PID_VAR, "")
-    return int(value) if value.isdigit() else None
-
-
-def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent ends (Linux; no-op elsewhere).
-
-    The launcher is told (SIGTERM) when the orchestrator ends, each arm is killed when the
-    launcher ends, and a one-shot trial process (``trainopt.trial.worker``, the torchrun wrapper)
-    when the orchestrator ends, so even a ``kill -9`` of the orchestrator leaves no trial
-    process behind to load the machine while the search resumes.
-
-    Args:
-        sig: The signal to receive.
-        parent: The pid the parent should have. A parent that died before the request
-            left this process to another parent already, and no signal would come: it
-            exits at once instead.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if parent is not None and os.getppid() != parent:
-        os._exit(70)
+__all__ = ["main"]
 
 
 def _kill_arms(arms: set[int]) -> None:
@@ -130,22 +98,10 @@ def _returncode(status: int) -> int:
 _ARMS: set[int] = set()
 
 
-def _watch_parent(parent: int, period_s: float = 0.5) -> None:
-    """Check every ``period_s`` that the orchestrator is still this process's parent.
-
-    The parent-death signal alone can be lost (a parent that died before it was asked
-    for, or whose creating thread outlives it), so a timer checks too; on a change every arm
-    is killed and the launcher ends at once. Forked arms do not inherit the timer.
-    """
-
-    def check(signum, frame) -> None:
-        if os.getppid() != parent:
-            _kill_arms(set(_ARMS))
-            os._exit(0)
-
-    signal.signal(signal.SIGALRM, check)
-    signal.setitimer(signal.ITIMER_REAL, period_s, period_s)
-    check(signal.SIGALRM, None)
+def _orphaned() -> None:
+    """The orchestrator is gone (the watchdog saw another parent): kill every arm and end at once."""
+    _kill_arms(set(_ARMS))
+    os._exit(0)
 
 
 def serve(server: socket.socket) -> None:
@@ -239,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     parent = int(os.environ.get(FORKSERVER_PARENT_VAR) or os.getppid())
     die_with_parent(signal.SIGTERM)
-    _watch_parent(parent)
+    # The parent-death signal alone can be lost; the watchdog kills every arm when it is.
+    watch_parent(parent, _orphaned)
     import importlib
 
     for name in ARM_PRELOAD:

@@ -9,9 +9,7 @@ suggests.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import resource
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -21,6 +19,7 @@ import torch
 from trainopt.knobs.kwargs import should_read_loss
 from trainopt.stats import intervals as stats
 from trainopt.trial.applier import Applier
+from trainopt.trial.memory import PeakMemory
 
 __all__ = ["NonFiniteLoss", "Measurement", "Trainer", "measure_throughput", "probe_memory"]
 
@@ -50,41 +49,6 @@ class Measurement:
     steps: int = 0
     peak_memory_bytes: int | None = None
     grad_scaler: dict[str, Any] | None = None
-
-
-class _PeakMemory:
-    """Peak memory: CUDA max allocated, or on CPU peak RSS of this process plus loader workers.
-
-    Loader workers are separate processes, so their resident memory is sampled at window
-    edges (outside the timed region) and added to this process's own peak.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.children_peak = 0
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def sample(self) -> None:
-        if self.device.type == "cuda":
-            return
-        try:
-            import psutil
-
-            kids = psutil.Process().children(recursive=True)
-            total = 0
-            for kid in kids:
-                with contextlib.suppress(psutil.Error):
-                    total += kid.memory_info().rss
-            self.children_peak = max(self.children_peak, total)
-        except Exception:  # noqa: BLE001 - memory sampling must never fail a trial
-            pass
-
-    def peak(self) -> int:
-        if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device))
-        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        return int(own + self.children_peak)
 
 
 class Trainer:
@@ -233,7 +197,7 @@ def measure_throughput(
         Per-window throughputs and the derived figures.
     """
     m = Measurement()
-    mem = _PeakMemory(trainer.device)
+    mem = PeakMemory(trainer.device)
     trainer.sync()
     start = clock()
     trainer.step(clock)
@@ -302,7 +266,7 @@ def probe_memory(trainer: Trainer, steps: int = 2) -> Measurement:
     and the second shows the steady memory of training.
     """
     m = Measurement()
-    mem = _PeakMemory(trainer.device)
+    mem = PeakMemory(trainer.device)
     start = time.perf_counter()
     for _ in range(steps):
         trainer.step()

@@ -15,7 +15,7 @@ import os
 import sys
 
 from trainopt.contract.boundary import LAUNCH_STATUS_VAR, PARENT_PID_VAR
-from trainopt.trial.forkserver import die_with_parent, expected_parent
+from trainopt.trial.lifeline import die_with_parent, expected_parent
 
 __all__ = ["main"]
 

@@ -9,7 +9,6 @@ cannot see (a segfault, a hang) are classified by the runner from the outside.
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import time
 import traceback
@@ -20,51 +19,11 @@ from trainopt.contract import slots
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.knobs import catalog as knobs
 from trainopt.stats import intervals as stats
-from trainopt.trial.forkserver import die_with_parent, expected_parent
+from trainopt.trial.faults import fault_status
+from trainopt.trial.lifeline import die_with_parent, expected_parent
+from trainopt.trial.memory import cap_memory
 
-__all__ = ["execute", "fill_result", "main", "is_out_of_memory"]
-
-# "std::bad_alloc": a C++ allocation inside torch (collating a large batch under an
-# address-space cap, for one) fails with the bare exception name as its message.
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory", "std::bad_alloc")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for the allocator's own out-of-memory errors (CUDA, CPU allocator, Python)."""
-    if isinstance(exc, MemoryError):
-        return True
-    oom_type = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MARKERS)
-
-
-def _cap_memory(memory_gb: float | None, device) -> None:
-    """Make an over-large batch fail with the allocator's own out-of-memory error.
-
-    On CUDA the device's caching allocator is capped at ``memory_gb`` (as a fraction of
-    the device's memory): an address-space limit would make the CUDA driver itself fail
-    to start. On a CPU the process's address space is capped, set after ``import torch``
-    (whose libraries reserve address space up front) so that it bounds what training
-    allocates; loader workers inherit the cap.
-    """
-    if memory_gb is None:
-        return
-    limit = int(memory_gb * 1024**3)
-    if device.type == "cuda":
-        import torch
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        total = int(torch.cuda.get_device_properties(index).total_memory)
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
-        return
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _last_line(exc: BaseException) -> str:
-    """``Type: first line of the message``: the line a user needs, not library advice after it."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+__all__ = ["execute", "fill_result", "main"]
 
 
 def fill_result(result: TrialResult, m, dataset_len: int | None) -> None:
@@ -115,7 +74,7 @@ def execute(request: TrialRequest) -> TrialResult:
         if reason:
             result.status, result.error = "not_applicable", reason
             return result
-        _cap_memory(request.memory_gb, device)
+        cap_memory(request.memory_gb, device)
         torch.manual_seed(int(request.spec.get("seed", 0)))
         workload = build_workload(request.spec, Path(request.source_dir))
         if settings["channels_last"] and not workload.image_like:
@@ -137,8 +96,7 @@ def execute(request: TrialRequest) -> TrialResult:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - every fault becomes a status, never a lost result
         # The user's traceback goes to the trial log; the result keeps its last line.
         traceback.print_exc()
-        result.status = "oom" if is_out_of_memory(exc) else "error"
-        result.error = _last_line(exc)
+        result.status, result.error = fault_status(exc)
     return result
 
 
