@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainopt.contract.protocol import TrialRequest  # noqa: E402
 from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
-from trainopt.execute.session import InterleavedSessionRunner  # noqa: E402
+from trainopt.execute.session_runners import InterleavedSessionRunner  # noqa: E402
 
 
 def _requests(args, out: Path, tag: str) -> tuple[list[TrialRequest], list[Path]]:

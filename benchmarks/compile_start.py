@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from trainopt.contract.protocol import TrialRequest  # noqa: E402
 from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
-from trainopt.execute import session as session_mod  # noqa: E402
-from trainopt.execute.session import InterleavedSessionRunner  # noqa: E402
+from trainopt.execute import session_runners as session_mod  # noqa: E402
+from trainopt.execute.session_runners import InterleavedSessionRunner  # noqa: E402
 
 _preload = session_mod.arm_preload
 DESIGN = {"value": "import"}

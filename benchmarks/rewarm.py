@@ -32,15 +32,15 @@ sys.path.insert(0, str(ROOT))
 
 from trainopt.contract.protocol import TrialRequest  # noqa: E402
 from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
-from trainopt.execute import session as session_mod  # noqa: E402
-from trainopt.execute.session import InterleavedSessionRunner  # noqa: E402
+from trainopt.execute.arm_handles import ArmHandle  # noqa: E402
+from trainopt.execute.session_runners import InterleavedSessionRunner  # noqa: E402
 from trainopt.trial.arm import REWARM_SHARE  # noqa: E402
 
 # Every window reply, as the orchestrator received it: (arm index, reply); and each arm's
 # warm-up report (it says whether the arm re-warms at all: long steps skip it).
 REPLIES: list[tuple[int, dict]] = []
 READY: dict[int, dict] = {}
-_ask = session_mod._Arm.ask
+_ask = ArmHandle.ask
 
 
 def _recording_ask(self, message, timeout_s, what):
@@ -52,7 +52,7 @@ def _recording_ask(self, message, timeout_s, what):
     return reply
 
 
-session_mod._Arm.ask = _recording_ask
+ArmHandle.ask = _recording_ask
 
 
 def _requests(args, batch: int, out: Path, tag: str) -> tuple[list[TrialRequest], list[Path]]:

@@ -48,7 +48,7 @@ from benchmarks.fidelity import PLAIN  # noqa: E402
 from trainopt.contract.protocol import TrialRequest  # noqa: E402
 from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
 from trainopt.execute.runner import SubprocessRunner  # noqa: E402
-from trainopt.execute.session import InterleavedSessionRunner, SequentialSessionRunner  # noqa: E402
+from trainopt.execute.session_runners import InterleavedSessionRunner, SequentialSessionRunner  # noqa: E402
 
 FRESH_IMPORT = "import torch, torch._dynamo, trainopt.trial.measure, trainopt.trial.workloads, trainopt.trial.worker"
 
@@ -141,7 +141,7 @@ def main() -> None:
         by_variant: dict[bool, list[float]] = {}
         within_by: dict[bool, list[float]] = {}
         t_launch = time.perf_counter()
-        inter._get_launcher()
+        inter._get_fork_server()
         report["launcher_start_s"] = time.perf_counter() - t_launch
         for p in range(args.pairs):
             if "sequential" not in args.skip:

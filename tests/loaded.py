@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 from tests.fakes import FakeRunner, noise_draw
 from trainopt.contract.protocol import TrialRequest
+from trainopt.contract.session import SessionResult
 from trainopt.decide.plan import settings_hash
+from trainopt.decide.session_plan import round_orders
 from trainopt.decide.stability import StabilityGuard, observe
-from trainopt.execute.session import SessionResult, round_orders
 
 __all__ = ["LoadedMachine", "hog", "drive_guard", "request"]
 

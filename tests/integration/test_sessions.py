@@ -1,4 +1,4 @@
-"""Live interleaved sessions with real arm processes forked from the launcher."""
+"""Live interleaved sessions with real arm processes forked from the fork server."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import pytest
 from tests.conftest import FIXTURES, ROOT, tiny_spec_dict
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.spec import apply_overrides, spec_from_dict
-from trainopt.execute.session import HOPELESS, InterleavedSessionRunner, start_order
+from trainopt.decide.session_plan import HOPELESS, start_order
+from trainopt.execute.session_runners import InterleavedSessionRunner
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +166,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     from tests.conftest import tiny_spec_dict
     from trainopt.contract.protocol import TrialRequest
-    from trainopt.execute.session import InterleavedSessionRunner
+    from trainopt.execute.session_runners import InterleavedSessionRunner
     from trainopt.contract.spec import apply_overrides, spec_from_dict
     out = Path({out!r})
     spec = spec_from_dict(tiny_spec_dict(measure={{"windows": 1000, "window_seconds": 0.2}}), source_dir=out)
@@ -209,7 +210,7 @@ def _assert_all_end(pids: set[int]) -> None:
 def test_no_arm_or_loader_worker_outlives_an_interrupted_orchestrator(tmp_path, sig):
     proc, pids = _session_in_flight(tmp_path)
     try:
-        pids |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # the launcher too
+        pids |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # the fork server too
         assert len(pids) >= 5
         os.kill(proc.pid, sig)
         proc.wait(timeout=30)
@@ -220,27 +221,27 @@ def test_no_arm_or_loader_worker_outlives_an_interrupted_orchestrator(tmp_path, 
     _assert_all_end(pids)
 
 
-def test_no_loader_worker_outlives_a_launcher_killed_with_its_orchestrator(tmp_path):
+def test_no_loader_worker_outlives_a_fork_server_killed_with_its_orchestrator(tmp_path):
     # As when a machine's process manager kills a whole process group (a Ray node going
-    # away): the launcher gets no chance to end its arms, a paused arm's loader workers are
+    # away): the fork server gets no chance to end its arms, a paused arm's loader workers are
     # stopped, and nothing would ever resume them.
     proc, pids = _session_in_flight(tmp_path)
     try:
-        launchers = [p.pid for p in psutil.Process(proc.pid).children()]
-        assert len(launchers) == 1 and len(pids) >= 4
-        for pid in launchers + [proc.pid]:
+        fork_servers = [p.pid for p in psutil.Process(proc.pid).children()]
+        assert len(fork_servers) == 1 and len(pids) >= 4
+        for pid in fork_servers + [proc.pid]:
             os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    _assert_all_end(pids | set(launchers))
+    _assert_all_end(pids | set(fork_servers))
 
 
-def test_threads_and_launcher_environment_apply_to_each_forked_arm(tmp_path):
-    # The launcher imported torch before any arm chose its thread count: each arm's
-    # setting must still take effect after the fork, and the launcher's environment
+def test_threads_and_fork_server_environment_apply_to_each_forked_arm(tmp_path):
+    # The fork server imported torch before any arm chose its thread count: each arm's
+    # setting must still take effect after the fork, and the fork server's environment
     # (read by the OpenMP runtime when torch is loaded) must reach every arm.
     spec = tiny_spec_dict(model={"name": "mlp", "args": {"hidden": 256, "layers": 2}})
     reqs, logs = _requests(tmp_path, [{"threads": 1}, {"threads": 2}], spec)
@@ -272,7 +273,7 @@ def test_arms_that_do_not_fit_the_host_fall_back_to_sequential_and_say_so(tmp_pa
     assert result.ratio(0, 1) is not None
 
 
-def test_without_a_launcher_the_session_is_measured_sequentially(tmp_path):
+def test_without_a_fork_server_the_session_is_measured_sequentially(tmp_path):
     reqs, logs = _requests(tmp_path, [{}, {}])
     with InterleavedSessionRunner(python="/bin/false") as runner:
         result = runner.run_session(reqs, logs, timeout_s=60, seed=0)
@@ -294,29 +295,30 @@ def test_an_arm_far_slower_than_the_incumbent_stops_after_one_window(tmp_path):
     assert f"arm 1 ran below {HOPELESS:.2f}x the incumbent" in result.note
 
 
-def test_the_launcher_imports_what_an_arm_asks_for_once_before_forking_it(tmp_path):
-    # A compiled arm's launcher request names the compiler's modules: they must be imported
-    # in the launcher (once, by the first such request) so later arms are forked with them.
+def test_the_fork_server_imports_what_an_arm_asks_for_once_before_forking_it(tmp_path):
+    # A compiled arm's spawn request names the compiler's modules: they must be imported
+    # in the fork server (once, by the first such request) so later arms are forked with them.
     import socket
 
-    from trainopt.execute.session import _Launcher
+    from trainopt.contract.boundary import FORKSERVER_PARENT_VAR
+    from trainopt.execute.arm_handles import ForkServerHandle
 
     probe = tmp_path / "imports.txt"
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{FIXTURES}", TRAINOPT_IMPORT_PROBE=str(probe),
-               TRAINOPT_LAUNCHER_PARENT=str(os.getpid()))
-    launcher = _Launcher(env, [sys.executable])
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{FIXTURES}", TRAINOPT_IMPORT_PROBE=str(probe))
+    env[FORKSERVER_PARENT_VAR] = str(os.getpid())
+    fork_server = ForkServerHandle(env, [sys.executable])
     try:
         pids = []
         for preload in ((), ("import_probe",), ("import_probe",)):
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             log_fd = os.open(tmp_path / f"arm{len(pids)}.log", os.O_WRONLY | os.O_CREAT, 0o644)
-            pids.append(launcher.spawn(theirs.fileno(), log_fd, preload))
+            pids.append(fork_server.spawn(theirs.fileno(), log_fd, preload))
             os.close(log_fd)
             theirs.close()
             if len(pids) == 1:
                 assert not probe.exists()
             ours.close()  # the arm sees its control socket close and ends
-            launcher.wait(pids[-1])
-        assert probe.read_text().split() == [str(launcher.proc.pid)]
+            fork_server.wait(pids[-1])
+        assert probe.read_text().split() == [str(fork_server.proc.pid)]
     finally:
-        launcher.close()
+        fork_server.close()

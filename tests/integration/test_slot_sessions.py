@@ -14,7 +14,7 @@ from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.spec import apply_overrides, spec_from_dict
 from trainopt.execute.executors import SessionJob, SlotExecutor
 from trainopt.execute.runner import SubprocessRunner
-from trainopt.execute.session import SequentialSessionRunner
+from trainopt.execute.session_runners import SequentialSessionRunner
 
 pytestmark = pytest.mark.integration
 

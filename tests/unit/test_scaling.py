@@ -10,11 +10,11 @@ import pytest
 
 from tests.conftest import ROOT
 from trainopt.contract.protocol import TrialResult
+from trainopt.contract.session import SessionResult
 from trainopt.errors import UserError
 from trainopt.execute import scaling
 from trainopt.execute.executors import SerialExecutor, SlotExecutor
 from trainopt.execute.ray_executor import cluster_slots, import_ray, session_from_dict
-from trainopt.execute.session import SessionResult
 
 
 def _node(node_id: str, cpus: float, gpus: float = 0, alive: bool = True, host: str | None = None) -> dict:

@@ -8,18 +8,18 @@ import signal
 import pytest
 
 from trainopt.contract.protocol import TrialRequest, TrialResult
-from trainopt.execute.session import (
-    SequentialSessionRunner,
-    SessionResult,
+from trainopt.contract.session import SessionResult
+from trainopt.decide.session_plan import (
     arm_preload,
     arm_result,
-    classify_reply,
     fallback_reason,
     round_orders,
     sequential_order,
     start_order,
     window_timeout,
 )
+from trainopt.execute.arm_handles import classify_reply
+from trainopt.execute.session_runners import SequentialSessionRunner
 from trainopt.stats.intervals import steady_state
 
 GiB = 2**30
@@ -179,7 +179,7 @@ def test_sequential_session_runs_arms_in_a_seeded_order_and_returns_them_in_requ
 
 
 def test_hopeless_arms_are_those_far_below_the_incumbent_in_their_first_window():
-    from trainopt.execute.session import HOPELESS, hopeless_arms
+    from trainopt.decide.session_plan import HOPELESS, hopeless_arms
 
     assert hopeless_arms([100.0, 40.0, 58.0, 200.0, None]) == [1]
     assert hopeless_arms([100.0, 100 * HOPELESS, 100 * HOPELESS - 0.01]) == [2]
@@ -200,7 +200,7 @@ def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
     assert rewarm_for(0.01, 0.5, 0) == 0
 
 
-def test_only_a_compiled_arm_asks_the_launcher_for_the_compiler():
+def test_only_a_compiled_arm_asks_the_fork_server_for_the_compiler():
     from trainopt.contract.boundary import COMPILER_PRELOAD as COMPILER
 
     def request(compile_value):

@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trainopt.execute.session import SessionResult
+from trainopt.contract.session import SessionResult
 
 __all__ = [
     "Observation",

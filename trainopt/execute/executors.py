@@ -2,9 +2,9 @@
 
 The broker hands a batch of independent sessions (``SessionJob``) to an executor and
 gets one ``SessionResult`` per job back, in job order. ``SerialExecutor`` runs them one
-after another with any ``SessionRunner`` (today's behaviour); ``SlotExecutor`` runs up to
-one session per slot of this machine at once (``--parallel N``); ``cluster.RayExecutor``
-places them on a Ray cluster (``--ray``).
+after another with any ``SessionRunner``; ``SlotExecutor`` runs up to one session per
+slot of this machine at once (``--parallel N``); ``ray_executor.RayExecutor`` places them
+on a Ray cluster (``--ray``).
 
 Every arm's result records where it ran: ``env["slot"]``, ``env["node"]`` and
 ``env["device"]``.
@@ -26,11 +26,12 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from trainopt.atomic import write_json_atomic
 from trainopt.contract import slots as slotplan
 from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.session import SessionResult, SessionRunner
 from trainopt.contract.slots import Slot
-from trainopt.execute.session import InterleavedSessionRunner, SessionResult, SessionRunner
+from trainopt.execute.session_runners import InterleavedSessionRunner
 
-__all__ = ["SessionJob", "SessionExecutor", "SerialExecutor", "SlotExecutor", "record_placement", "record_local",
-           "FingerprintCheck", "local_device"]
+__all__ = ["SessionJob", "SessionExecutor", "SerialExecutor", "SlotExecutor", "SlotThread", "record_placement",
+           "record_local", "FingerprintCheck", "local_device"]
 
 
 @dataclass(frozen=True)
@@ -143,45 +144,49 @@ class FingerprintCheck:
 
 
 class SerialExecutor:
-    """One session at a time with any ``SessionRunner``: today's behaviour, ``slots == 1``.
+    """One session at a time with any ``SessionRunner``, on this machine: ``slots == 1``.
 
     Args:
-        runner: Runs one session.
+        session_runner: Runs one session.
     """
 
     slots = 1
 
-    def __init__(self, runner: SessionRunner):
-        self.runner = runner
+    def __init__(self, session_runner: SessionRunner):
+        self.session_runner = session_runner
         self.node = socket.gethostname()
 
     def run_many(self, jobs: list[SessionJob], exclusive: bool = False) -> list[SessionResult]:
         results = []
         for job in jobs:
             t0 = time.time()
-            result = self.runner.run_session(job.requests, job.log_paths, job.timeout_s, job.seed)
+            result = self.session_runner.run_session(job.requests, job.log_paths, job.timeout_s, job.seed)
             results.append(record_placement(result, slot=0, node=self.node, device=None, requests=job.requests,
                                             span=(t0, time.time())))
         return results
 
     def close(self) -> None:
-        close = getattr(self.runner, "close", None)
+        close = getattr(self.session_runner, "close", None)
         if close is not None:
             close()
 
 
-class _SlotThread:
-    """A long-lived thread that runs one slot's sessions.
+class SlotThread:
+    """A long-lived thread that runs one slot's sessions (here, and in a Ray slot's actor).
 
-    Long-lived because the arm launcher dies with the *thread* that started it (Linux's
+    Long-lived because the fork server dies with the *thread* that started it (Linux's
     parent-death signal follows the creating thread), and because its affinity is set
-    once: every process started from this thread (launcher, arms, loader workers,
+    once: every process started from this thread (fork server, arms, loader workers,
     fallback trial processes) inherits the slot's cores.
+
+    Args:
+        slot: The slot whose cores the thread is pinned to.
+        session_runner: Runs the slot's sessions; closed with the thread.
     """
 
-    def __init__(self, slot: Slot, runner: SessionRunner):
+    def __init__(self, slot: Slot, session_runner: SessionRunner):
         self.slot = slot
-        self.runner = runner
+        self.session_runner = session_runner
         self.inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.start_error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, name=f"trainopt-slot-{slot.index}", daemon=True)
@@ -204,7 +209,7 @@ class _SlotThread:
     def close(self) -> None:
         self.inbox.put(None)
         self.thread.join(timeout=60)
-        close = getattr(self.runner, "close", None)
+        close = getattr(self.session_runner, "close", None)
         if close is not None:
             close()
 
@@ -212,7 +217,7 @@ class _SlotThread:
 class SlotExecutor:
     """Up to one session per slot of this machine at once (``--parallel N``).
 
-    Each slot has its own session runner (its own arm launcher), pinned to the slot's
+    Each slot has its own session runner (its own fork server), pinned to the slot's
     cores or GPU, with thread counts set to the slot's cores. Sessions are taken from one
     queue by whichever slot is free, so a slow session does not hold up the others.
 
@@ -221,7 +226,7 @@ class SlotExecutor:
         device: The spec's ``device`` (GPU slots where it can be CUDA and GPUs are visible).
         rounds, window_seconds, rewarm_steps, env: Passed to each slot's
             ``InterleavedSessionRunner`` (``env`` is merged under the slot's own variables).
-        runner_factory: Builds a slot's session runner instead (tests, other runners).
+        runner_factory: Builds a slot's session runner instead (tests, other session runners).
         cpus: The cores to split (default: this process's affinity).
         gpus: The GPU ids to hand out (default: ``slots.detect_gpus()``).
 
@@ -249,7 +254,7 @@ class SlotExecutor:
                                             host_ram_bytes=ram_share)
 
         factory = runner_factory or default_factory
-        self._threads = [_SlotThread(slot, factory(slot)) for slot in self.plan]
+        self._threads = [SlotThread(slot, factory(slot)) for slot in self.plan]
         self.fingerprints = FingerprintCheck()
         self._closed = False
 
@@ -263,14 +268,16 @@ class SlotExecutor:
         results: list[SessionResult | None] = [None] * len(jobs)
         errors: list[BaseException] = []
         abort = threading.Event()
-        workers = self._threads[:1] if exclusive else self._threads
+        slot_threads = self._threads[:1] if exclusive else self._threads
         finished = threading.Semaphore(0)
 
-        def drain(worker: _SlotThread) -> Callable[[], None]:
+        def drain(slot_thread: SlotThread) -> Callable[[], None]:
+            slot = slot_thread.slot
+
             def task() -> None:
                 try:
-                    if worker.start_error is not None:
-                        raise worker.start_error
+                    if slot_thread.start_error is not None:
+                        raise slot_thread.start_error
                     while not abort.is_set():
                         try:
                             i = pending.get_nowait()
@@ -278,11 +285,12 @@ class SlotExecutor:
                             return
                         job = jobs[i]
                         t0 = time.time()
-                        result = worker.runner.run_session(job.requests, job.log_paths, job.timeout_s, job.seed)
-                        record_placement(result, slot=worker.slot.index, node=self.node,
-                                         device=worker.slot.device if worker.slot.cpus or worker.slot.gpu else None,
+                        result = slot_thread.session_runner.run_session(job.requests, job.log_paths, job.timeout_s,
+                                                                        job.seed)
+                        record_placement(result, slot=slot.index, node=self.node,
+                                         device=slot.device if slot.cpus or slot.gpu else None,
                                          requests=job.requests, span=(t0, time.time()))
-                        self.fingerprints.check(f"slot {worker.slot.index}", result)
+                        self.fingerprints.check(f"slot {slot.index}", result)
                         results[i] = result
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                     errors.append(exc)
@@ -291,17 +299,17 @@ class SlotExecutor:
                     finished.release()
             return task
 
-        for worker in workers:
-            worker.inbox.put(drain(worker))
+        for slot_thread in slot_threads:
+            slot_thread.inbox.put(drain(slot_thread))
         try:
-            for _ in workers:
+            for _ in slot_threads:
                 while not finished.acquire(timeout=0.5):
                     pass
         except BaseException:
             # Ctrl-C / SIGTERM in the caller: stop taking jobs and end the sessions in flight
-            # (closing a runner ends its launcher, and the launcher's arms die with it).
+            # (closing a session runner ends its fork server, and the fork server's arms die with it).
             abort.set()
-            self._stop_runners()
+            self._stop_session_runners()
             raise
         if errors:
             raise errors[0]
@@ -310,9 +318,9 @@ class SlotExecutor:
             raise RuntimeError(f"sessions {lost} returned no result")
         return results  # type: ignore[return-value]
 
-    def _stop_runners(self) -> None:
-        for worker in self._threads:
-            close = getattr(worker.runner, "close", None)
+    def _stop_session_runners(self) -> None:
+        for slot_thread in self._threads:
+            close = getattr(slot_thread.session_runner, "close", None)
             if close is not None:
                 try:
                     close()
@@ -323,15 +331,14 @@ class SlotExecutor:
         if self._closed:
             return
         self._closed = True
-        for worker in self._threads:
-            worker.close()
+        for slot_thread in self._threads:
+            slot_thread.close()
 
     def __enter__(self) -> "SlotExecutor":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
 
 
 def _host_ram() -> int:

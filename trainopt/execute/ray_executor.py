@@ -35,9 +35,9 @@ from trainopt.atomic import write_json_atomic
 from trainopt.contract import slots as slotplan
 from trainopt.contract.boundary import checkout_root
 from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.session import SessionResult
 from trainopt.errors import UserError
 from trainopt.execute.executors import FingerprintCheck, SessionJob, record_placement
-from trainopt.execute.session import SessionResult
 
 __all__ = ["RayExecutor", "RaySlot", "cluster_slots", "session_from_dict", "import_ray", "RAY_MISSING"]
 
@@ -130,11 +130,11 @@ def session_from_dict(data: Mapping[str, Any]) -> SessionResult:
 class _SlotActor:
     """One slot on one node: its own session runner, pinned to the slot's cores (or GPU)."""
 
-    def __init__(self, slot: RaySlot, runner_options: dict[str, Any]):
+    def __init__(self, slot: RaySlot, session_runner_options: dict[str, Any]):
         import ray
 
-        from trainopt.execute.executors import _SlotThread
-        from trainopt.execute.session import InterleavedSessionRunner
+        from trainopt.execute.executors import SlotThread
+        from trainopt.execute.session_runners import InterleavedSessionRunner
 
         cpus: tuple[int, ...] = ()
         affinity = sorted(os.sched_getaffinity(0))
@@ -143,14 +143,14 @@ class _SlotActor:
         gpu_ids = ray.get_gpu_ids() if slot.num_gpus else []
         self.slot = slotplan.Slot(slot.index, cpus, str(gpu_ids[0]) if gpu_ids else None)
         self.info = slot
-        env = {**runner_options.pop("env", {}), **self.slot.env()}
+        env = {**session_runner_options.pop("env", {}), **self.slot.env()}
         import psutil
 
         # The node's slots share its RAM (see SlotExecutor).
         ram_share = int(psutil.virtual_memory().total) // max(1, slot.count_on_node)
-        runner = InterleavedSessionRunner(env=env, cpus=list(cpus) or None, host_ram_bytes=ram_share,
-                                          **runner_options)
-        self.worker = _SlotThread(self.slot, runner)
+        session_runner = InterleavedSessionRunner(env=env, cpus=list(cpus) or None, host_ram_bytes=ram_share,
+                                                  **session_runner_options)
+        self.slot_thread = SlotThread(self.slot, session_runner)
 
     def describe(self) -> dict[str, Any]:
         import ray
@@ -174,14 +174,15 @@ class _SlotActor:
 
             def task() -> None:
                 try:
-                    if self.worker.start_error is not None:
-                        raise self.worker.start_error
-                    done.put(("ok", self.worker.runner.run_session(requests, logs, job["timeout_s"], job["seed"])))
+                    if self.slot_thread.start_error is not None:
+                        raise self.slot_thread.start_error
+                    result = self.slot_thread.session_runner.run_session(requests, logs, job["timeout_s"], job["seed"])
+                    done.put(("ok", result))
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller below
                     done.put(("error", exc))
 
-            # On the slot's own long-lived thread: its affinity, and its launcher's life.
-            self.worker.inbox.put(task)
+            # On the slot's own long-lived thread: its affinity, and its fork server's life.
+            self.slot_thread.inbox.put(task)
             kind, value = done.get()
             if kind == "error":
                 raise value
@@ -192,7 +193,7 @@ class _SlotActor:
             shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
-        self.worker.close()
+        self.slot_thread.close()
 
 
 class RayExecutor:

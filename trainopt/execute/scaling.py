@@ -11,9 +11,9 @@ import argparse
 from typing import Any, Mapping
 
 from trainopt.contract import slots as slotplan
+from trainopt.contract.session import SessionRunner
 from trainopt.errors import UserError
 from trainopt.execute.executors import SerialExecutor, SessionExecutor, SlotExecutor
-from trainopt.execute.session import SessionRunner
 
 __all__ = ["add_options", "check_options", "make_executor", "executor_notes", "LOCAL_RAY", "ScalingError"]
 
@@ -85,7 +85,7 @@ def make_executor(args: argparse.Namespace, device: str, *, runner_options: Mapp
     if args.parallel > 1:
         return SlotExecutor(args.parallel, device=device, **options)
     if serial_runner is None:
-        from trainopt.execute.session import InterleavedSessionRunner
+        from trainopt.execute.session_runners import InterleavedSessionRunner
 
         serial_runner = InterleavedSessionRunner(**options)
     return SerialExecutor(serial_runner)
