@@ -1,7 +1,7 @@
 """The final check taken from three-arm held-out sessions, simulated through ``Search``.
 
 After two kept changes the final check's pairs are the baseline arms of the second change's
-held-out sessions (``KnobStage._holdout``). This runs ``--reps`` complete searches of two
+held-out sessions (``search.holdout.HeldOutSessions``). This runs ``--reps`` complete searches of two
 knobs (amp off -> bf16 with true factor A, then num_workers 0 -> 1 with true factor B)
 through ``tests.fakes.FakeRunner`` and ``tests.fakes.MemoryStore`` (the real decision code,
 fake processes) and, among searches that kept both changes, prints how often the final

@@ -37,8 +37,8 @@ from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
 from trainopt.contract.spec import spec_from_dict  # noqa: E402
 from trainopt.decide.confirmation import IntervalRule  # noqa: E402
+from trainopt.decide.screen import RESCREEN_FLOOR  # noqa: E402
 from trainopt.decide.sequential import SequentialRule  # noqa: E402
-from trainopt.search.knob_stage import RESCREEN_FLOOR  # noqa: E402
 from trainopt.search.search import Search  # noqa: E402
 
 _FROM_MEASURE = SequentialRule.from_measure.__func__
@@ -60,7 +60,7 @@ def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_s
         runner = FakeRunner({("num_workers", winner): effect}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
         rule = IntervalRule.from_measure(spec.measure) if old else None
         search = Search(spec, tmp, runner, MemoryStore(), rule=rule)
-        search.stage.rescreen_floor = rescreen_floor
+        search.stage.screener.rescreen_floor = rescreen_floor
         doc = search.run()
         ds = [d for d in doc["decisions"] if d["knob"] == "num_workers"]
         kept = [d for d in ds if d["kept"]]

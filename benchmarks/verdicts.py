@@ -43,7 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainopt.decide.sequential import SequentialRule, holdout_estimate, holdout_pairs, select_for_confirmation  # noqa: E402
+from trainopt.decide.screen import MAX_CONFIRM, SCREEN_GATE, select_for_confirmation  # noqa: E402
+from trainopt.decide.sequential import SequentialRule, holdout_estimate, holdout_pairs  # noqa: E402
 from trainopt.stats import intervals as stats  # noqa: E402
 
 EFFECTS = (1.0, 1.05, 1.10, 1.25)
@@ -298,7 +299,7 @@ def one_knob(rng, k, effect, sd, policy, budget=(6, 20), min_speedup=0.03, confi
         r = truth[best] + rng.normal(0.0, sd, budget[1])
         v, iv, n = old_rule(r, *budget, confidence, min_speedup, "hodges-lehmann")
         return (best if v == "improved" else None), n, iv.speedup
-    sel = select_for_confirmation(list(screen))
+    sel = select_for_confirmation(list(screen), MAX_CONFIRM, SCREEN_GATE)
     rule = SequentialRule(*budget, confidence, min_speedup, family=sel.family)
     improved = []
     for i in sel.indices:
@@ -317,8 +318,9 @@ def one_knob(rng, k, effect, sd, policy, budget=(6, 20), min_speedup=0.03, confi
 
 def section_screen(args, rng):
     print("\n### One knob end to end: multi-arm screen session, then confirmation (default budget, min_speedup 0.03)\n")
-    print("old: confirm the best screen if it beats 1.03 (today). new: `select_for_confirmation` (best 2 above 0.95, "
-          "budget split between them) + `SequentialRule` + held-out estimate of the adopted change.\n")
+    print(f"old: confirm the best screen if it beats 1.03. new: `select_for_confirmation` (best {MAX_CONFIRM} above the "
+          f"search's {SCREEN_GATE} gate, budget split between them) + `SequentialRule` + held-out estimate of the adopted "
+          "change.\n")
     print("| session log-ratio sd | candidates | policy | adopted true +10 % | adopted true +5 % | A/A adoption per knob "
           "| mean pairs per knob (A/A / +10 %) | mean reported among adopted at 1.05 / 1.10 |\n|---|---|---|---|---|---|---|---|")
     for sd in (0.06, 0.09):

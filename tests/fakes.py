@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainopt.contract.protocol import TrialRequest, TrialResult
-from trainopt.execute.session import SessionResult
+from trainopt.contract.session import SessionResult
 
 __all__ = ["FakeRunner", "MemoryStore", "SessionResult", "noise_draw"]
 

@@ -207,7 +207,7 @@ def _executor(args, spec, runner):
     """Where the search's measurement sessions run: slots from the flags (``--parallel``,
     ``--ray``), live interleaved arms unless the spec asks for one fresh process per arm."""
     from trainopt.execute import scaling
-    from trainopt.execute.session import InterleavedSessionRunner, SequentialSessionRunner
+    from trainopt.execute.session_runners import InterleavedSessionRunner, SequentialSessionRunner
 
     if spec.measure.session == "sequential":
         serial = SequentialSessionRunner(runner, note="measure.session is sequential")
@@ -259,7 +259,7 @@ def cmd_search(args) -> int:
         except StoreLost as exc:
             progress.close()
             # What this run measured is kept in the folder too; the store keeps what it stored.
-            from trainopt.outputs.results import build_results
+            from trainopt.search.document import build_results
 
             _write_all(folder.path, {**build_results(search.state, complete=False), "storage": storage}, resolved)
             return _fail(exc.render())
@@ -267,7 +267,7 @@ def cmd_search(args) -> int:
             progress.close()
             code = 143 if isinstance(exc, Terminated) else 130
             # The trial in flight was stopped by the runner; everything finished is in the store.
-            from trainopt.outputs.results import build_results
+            from trainopt.search.document import build_results
 
             _write_all(folder.path, {**build_results(search.state, complete=False), "storage": storage}, resolved)
             print(

@@ -7,7 +7,6 @@ no process left behind), and weight parity of gradient accumulation under no_syn
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

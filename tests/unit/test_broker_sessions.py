@@ -3,8 +3,6 @@ whole sessions only, and the stability guard's re-runs and marks (fake runners, 
 
 from __future__ import annotations
 
-import math
-
 from tests.conftest import tiny_spec_dict
 from tests.fakes import FakeRunner, MemoryStore
 from tests.loaded import LoadedMachine, hog

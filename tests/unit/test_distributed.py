@@ -4,8 +4,6 @@ the launch command, fault classification, global figures, settings and exports."
 from __future__ import annotations
 
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 import yaml

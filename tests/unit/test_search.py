@@ -382,7 +382,7 @@ def test_the_eta_is_told_where_a_confirmation_stands_at_each_look_it_goes_on_fro
     runner = FakeRunner({("amp", "bf16"): 1.03}, noise=0.02)
     search, spec = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
     told, remaining = [], []
-    original = search._look
+    original = search.stage.on_look
     search.stage.on_look = lambda *a: (told.append(a), original(*a))
     search.progress.set_remaining = remaining.append
     doc = search.run()
@@ -460,7 +460,7 @@ def test_a_third_arm_that_fails_leaves_the_final_check_to_measure_its_own_pairs(
 
 def test_held_out_sessions_run_alone_on_several_slots(tmp_path):
     from trainopt.execute.executors import SerialExecutor
-    from trainopt.execute.session import SequentialSessionRunner
+    from trainopt.execute.session_runners import SequentialSessionRunner
 
     class TwoSlots(SerialExecutor):
         # Says it has two slots (the broker then batches sessions) and notes which batches
@@ -511,7 +511,7 @@ def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path)
 
 def test_the_results_document_is_made_from_a_plain_state(tmp_path):
     from trainopt.decide.verdict import Decision
-    from trainopt.outputs.results import build_results
+    from trainopt.search.document import build_results
     from trainopt.search.state import SearchState, TrialRecord
 
     spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}), "t.yaml", tmp_path)
@@ -706,7 +706,7 @@ def test_no_second_screen_far_below_the_gate_or_once_confirmation_is_full(tmp_pa
 
 
 def test_a_near_miss_is_screened_again_while_confirmation_has_room():
-    from trainopt.search.knob_stage import rescreen_candidates
+    from trainopt.decide.screen import rescreen_candidates
 
     assert rescreen_candidates([0.95, 0.85, None, 0.97], gate=0.98, floor=0.90, max_confirm=2) == [0, 3]
     # One cleared the gate, a second confirmation is still free: the near miss gets its second screen.

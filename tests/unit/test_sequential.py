@@ -14,12 +14,8 @@ import numpy as np
 import pytest
 
 from trainopt.contract.spec import MeasureSection
-from trainopt.decide.sequential import (
-    SequentialRule,
-    holdout_estimate,
-    holdout_pairs,
-    select_for_confirmation,
-)
+from trainopt.decide.screen import MAX_CONFIRM, SCREEN_GATE, select_for_confirmation
+from trainopt.decide.sequential import SequentialRule, holdout_estimate, holdout_pairs
 from trainopt.stats import intervals as stats
 
 
@@ -175,19 +171,20 @@ def test_selection_confirms_the_best_screens_above_the_gate_and_splits_the_budge
     sel = select_for_confirmation([1.02, None, 0.90, 1.20, 0.97], max_confirm=2, gate=0.95)
     assert sel.indices == [3, 0] and sel.family == 2
     assert "failed" in sel.reasons[1] and "gate" in sel.reasons[2] and "faster" in sel.reasons[4]
-    none = select_for_confirmation([0.5, None])
+    none = select_for_confirmation([0.5, None], max_confirm=2, gate=SCREEN_GATE)
     assert none.indices == [] and none.family == 1
 
 
 def test_aa_adoption_per_knob_with_several_confirmed_candidates_stays_within_half_alpha():
-    # Four null candidates: the screen picks two, each confirmed at alpha / 2; any
-    # improved one would be adopted.
+    # Four null candidates: the screen picks up to two, which share alpha; any improved
+    # one would be adopted.
     rng = np.random.default_rng(8)
     reps = 800
     adopted = 0
     for _ in range(reps):
         screen = np.exp(rng.normal(0, 0.09, 4))
-        sel = select_for_confirmation(list(screen))
+        # The search's own selection: its gate and its most candidates confirmed per knob.
+        sel = select_for_confirmation(list(screen), MAX_CONFIRM, SCREEN_GATE)
         rule = SequentialRule(6, 20, 0.95, 0.0, family=sel.family)
         if any(confirm(rule, rng.normal(0, 0.09, 20)).verdict == "improved" for _ in sel.indices):
             adopted += 1

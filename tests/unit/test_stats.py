@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from trainopt.stats import intervals as stats
+from trainopt.stats import ranks
 
 
 def test_signed_rank_critical_values_match_published_tables():
@@ -17,7 +18,7 @@ def test_signed_rank_critical_values_match_published_tables():
 
 
 def test_signed_rank_cdf_sums_to_one_and_is_symmetric():
-    cdf = stats._signed_rank_cdf(8)
+    cdf = ranks.signed_rank_cdf(8)
     assert cdf[-1] == pytest.approx(1.0)
     pmf = np.diff((0.0,) + cdf)
     assert np.allclose(pmf, pmf[::-1])

@@ -128,7 +128,7 @@ class MeasureSection(_Strict):
             raise ValueError(f"must be at least measure.pairs ({pairs})")
         confidence = info.data.get("confidence")
         if confidence is not None:
-            from trainopt.decide.sequential import min_decidable_pairs
+            from trainopt.stats.ranks import min_decidable_pairs
 
             # Fewer pairs can never reach the confidence with an exact rank interval:
             # every confirmation would end inconclusive.

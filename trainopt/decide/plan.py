@@ -251,7 +251,7 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
     if state is None:
         state = start_state(incumbent, baseline)
     # After a kept change, held-out sessions also run the baseline (the final check's arm);
-    # the first kept change measures none of its own until later (``KnobStage``).
+    # the first kept change measures none of its own until later (``search.holdout``).
     third = arm_cost(baseline) if baseline is not None else 0.0
     for name in knob_names:
         if name in skip:

@@ -39,13 +39,15 @@ The reported speedup of an ``improved`` change is inflated by the stop itself (a
 more likely to stop when its pairs happened to run high). ``holdout_estimate`` gives the
 unbiased figure from extra fresh pairs measured *after* the verdict, which took no part
 in it.
+
+The exact signed-rank levels and Walsh-average bounds come from ``stats.ranks``; which
+screened candidates are confirmed at all is ``decide.screen``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -53,16 +55,14 @@ from scipy.stats import norm as _norm
 from scipy.stats import t as _t
 
 from trainopt.stats import intervals as stats
+from trainopt.stats import ranks
 
 __all__ = [
     "Look",
-    "Decision",
+    "RuleDecision",
     "SequentialRule",
-    "Selection",
-    "select_for_confirmation",
     "holdout_pairs",
     "typical_pairs",
-    "min_decidable_pairs",
     "holdout_estimate",
 ]
 
@@ -87,8 +87,8 @@ class Look:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """What to do after the pairs seen so far.
+class RuleDecision:
+    """What the rule says after the pairs seen so far: another pair, or stop with a verdict.
 
     Attributes:
         action: ``continue`` (measure another pair) or ``stop``.
@@ -112,46 +112,6 @@ class Decision:
     @property
     def done(self) -> bool:
         return self.action == STOP
-
-
-def _exact_rank_level(n: int, budget: float) -> tuple[int, float]:
-    """The widest-reaching exact signed-rank bound within a two-sided budget.
-
-    Returns ``(k, level)``: the interval ``[W(k), W(M - k + 1)]`` over the sorted Walsh
-    averages misses a symmetric shift with probability exactly ``level = 2 P(T <= k-1)``,
-    the largest such level not above ``budget``; ``(0, 0.0)`` when even the extreme
-    Walsh averages cannot reach it.
-    """
-    if budget <= 0:
-        return 0, 0.0
-    cdf = _lower_cdf(n)
-    # cdf is increasing: the number of entries <= budget / 2 is the rank k.
-    k = int(np.searchsorted(cdf, budget / 2.0 * (1 + 1e-12), side="right"))
-    if k == 0:
-        return 0, 0.0
-    return k, 2.0 * float(cdf[k - 1])
-
-
-@lru_cache(maxsize=64)
-def _lower_cdf(n: int) -> np.ndarray:
-    """The lower half of the exact signed-rank null CDF (two-sided levels never need more)."""
-    return np.asarray(stats._signed_rank_cdf(n)[: n * (n + 1) // 4 + 1])
-
-
-def _rank_interval(r: np.ndarray, k: int) -> tuple[float, float, float]:
-    """Hodges-Lehmann estimate and the k-th Walsh-average bounds, on the log scale.
-
-    ``stats.paired_interval`` approximates the rank beyond 60 pairs; the spent levels are
-    small and the guarantee needs the exact rank, so the bounds are taken here.
-    """
-    walsh = _walsh(r)
-    return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[len(walsh) - k])
-
-
-def _walsh(r: np.ndarray) -> np.ndarray:
-    """The sorted Walsh averages (pairwise means, each value with itself included)."""
-    i, j = np.triu_indices(len(r))
-    return np.sort((r[i] + r[j]) / 2.0)
 
 
 def _schedule(pairs: int, max_pairs: int, growth: float) -> list[int]:
@@ -257,7 +217,7 @@ class SequentialRule:
         shares = _shares(ns, final_share, weight)
         for n, share in zip(ns, shares):
             budget = self.alpha * share + carry
-            k, rank_level = _exact_rank_level(n, budget)
+            k, rank_level = ranks.exact_rank_level(n, budget)
             # A t look spends its whole budget, but only where a rank interval exists
             # too: its improved/regressed claims need the rank interval to agree.
             level = (budget if k else 0.0) if self.method == "t" else rank_level
@@ -278,10 +238,10 @@ class SequentialRule:
         if method == "t":
             ones = np.ones(n)
             return stats.paired_interval(np.exp(x), ones, 1.0 - level, "t")
-        k, achieved = _exact_rank_level(n, level)
+        k, achieved = ranks.exact_rank_level(n, level)
         if k == 0:
             return None
-        est, low, high = _rank_interval(x, k)
+        est, low, high = ranks.rank_interval(x, k)
         return stats.PairedInterval(math.exp(est), math.exp(low), math.exp(high), n, 1.0 - level, "hodges-lehmann", 1.0 - achieved)
 
     def _claimable(self, x: np.ndarray, look: Look) -> stats.PairedInterval:
@@ -321,7 +281,7 @@ class SequentialRule:
         d = self.decide([math.log(c / i) for c, i in zip(candidate, incumbent)])
         return Assessment(done=d.done, verdict=d.verdict, interval=d.interval, reason=d.reason)
 
-    def decide(self, log_ratios: Sequence[float]) -> Decision:
+    def decide(self, log_ratios: Sequence[float]) -> RuleDecision:
         """Stop with a verdict, or ask for another pair.
 
         Args:
@@ -339,32 +299,32 @@ class SequentialRule:
         look = self._by_n.get(n)
         spent = max([lk.spent for lk in self.looks if lk.n <= n], default=0.0)
         if look is None:
-            return Decision(CONTINUE, None, None, n, spent, "between looks")
+            return RuleDecision(CONTINUE, None, None, n, spent, "between looks")
         if look.alpha <= 0 and n < self.max_pairs:
             # Nothing can be claimed here (no rank level within what this look may spend),
             # but a candidate that cannot be adopted need not run on: no interval is
             # reported, the reason carries the estimate.
             futile = self._futile(x)
             if futile:
-                est = math.exp(float(np.median(_walsh(x))))  # the Hodges-Lehmann estimate
-                return Decision(STOP, "inconclusive", None, n, spent, f"{est:.3f}x over {n} pairs; {futile}")
-            return Decision(CONTINUE, None, None, n, spent, "a look that spends nothing: nothing to claim yet")
+                est = math.exp(float(np.median(ranks.walsh_averages(x))))  # the Hodges-Lehmann estimate
+                return RuleDecision(STOP, "inconclusive", None, n, spent, f"{est:.3f}x over {n} pairs; {futile}")
+            return RuleDecision(CONTINUE, None, None, n, spent, "a look that spends nothing: nothing to claim yet")
         if look.alpha <= 0:
             # Only possible when the whole budget cannot reach any rank level at
             # max_pairs (e.g. 3 pairs at 95 %): nothing can be claimed.
             est = float(np.median(x)) if n else 0.0
             iv = stats.PairedInterval(math.exp(est), 0.0, math.inf, n, self.confidence, self.method, 1.0)
-            return Decision(STOP, "inconclusive", iv, n, spent, f"{n} pairs cannot reach {self.confidence:.0%} confidence")
+            return RuleDecision(STOP, "inconclusive", iv, n, spent, f"{n} pairs cannot reach {self.confidence:.0%} confidence")
         iv = self._claimable(x, look)
         v = self._verdict(x, look, iv)
         if v in ("improved", "regressed", "equivalent"):
-            return Decision(STOP, v, iv, n, spent, f"{v} at look n={n} (level {look.alpha:.4f} spent here)")
+            return RuleDecision(STOP, v, iv, n, spent, f"{v} at look n={n} (level {look.alpha:.4f} spent here)")
         if n >= self.max_pairs:
-            return Decision(STOP, v, iv, n, spent, f"pair budget {self.max_pairs} reached")
+            return RuleDecision(STOP, v, iv, n, spent, f"pair budget {self.max_pairs} reached")
         futile = self._futile(x)
         if futile:
-            return Decision(STOP, v, iv, n, spent, futile)
-        return Decision(CONTINUE, None, iv, n, spent, "interval straddles a boundary")
+            return RuleDecision(STOP, v, iv, n, spent, futile)
+        return RuleDecision(CONTINUE, None, iv, n, spent, "interval straddles a boundary")
 
     def _futile(self, x: np.ndarray) -> str | None:
         """Why the candidate cannot be adopted any more (stop for futility), or None."""
@@ -401,74 +361,7 @@ class SequentialRule:
         return projected_mean - float(_norm.ppf(1.0 - last / 2.0)) * sd / math.sqrt(big)
 
 
-# ---- screening ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which screened candidates go on to confirmation, and how the budget is shared.
-
-    Attributes:
-        indices: Candidate indices to confirm, best screen first.
-        family: How many confirmations share the knob's error budget (Bonferroni);
-            build each confirmation's rule with ``family=family``.
-        reasons: Per candidate index, why it was or was not confirmed.
-    """
-
-    indices: list[int]
-    family: int
-    reasons: dict[int, str] = field(default_factory=dict)
-
-
-def select_for_confirmation(ratios: Sequence[float | None], max_confirm: int = 2, gate: float = 0.95) -> Selection:
-    """Choose the candidates of a multi-arm screen session to confirm.
-
-    A single screen session is noisy (one log-ratio, sd 0.06-0.09 interleaved and 0.17
-    sequential here), so demanding that a candidate *screen* above ``1 + min_speedup``
-    throws away a large share of real wins before they are ever confirmed. Instead the
-    best ``max_confirm`` candidates not clearly slower than the incumbent are confirmed,
-    each on fresh pairs with a share of the budget. The false-win guarantee does not
-    depend on the screen: given the screen, each confirmation's data are fresh, so the
-    chance that any of ``J`` selected confirmations wrongly says ``improved`` is at most
-    ``J * alpha / (2 J)``, whichever ``J`` the screen chose.
-
-    Args:
-        ratios: Screen throughput ratio of each candidate over the incumbent (None when
-            the candidate failed).
-        max_confirm: Most candidates confirmed for one knob.
-        gate: Candidates screening below this ratio are not confirmed (they would very
-            rarely be a win, and each confirmation costs pairs).
-
-    Returns:
-        The selection.
-    """
-    if max_confirm < 1:
-        raise ValueError(f"max_confirm must be >= 1, got {max_confirm}")
-    ranked = sorted((i for i, r in enumerate(ratios) if r is not None and r >= gate), key=lambda i: -ratios[i])
-    chosen = ranked[:max_confirm]
-    reasons = {}
-    for i, r in enumerate(ratios):
-        if r is None:
-            reasons[i] = "failed in the screen"
-        elif i in chosen:
-            reasons[i] = f"screened at {r:.3f}x; confirmed"
-        elif r < gate:
-            reasons[i] = f"screened at {r:.3f}x, below the {gate:.2f}x gate"
-        else:
-            reasons[i] = f"screened at {r:.3f}x; {max_confirm} candidates screened faster"
-    return Selection(chosen, max(1, len(chosen)), reasons)
-
-
 # ---- unbiased figures -----------------------------------------------------------------
-
-
-def min_decidable_pairs(confidence: float = 0.95, family: int = 2) -> int:
-    """The fewest pairs at which a confirmation sharing its knob's budget with ``family - 1``
-    others can claim anything at all (7 at 95 % with two confirmations per knob)."""
-    n = 2
-    while _exact_rank_level(n, (1.0 - confidence) / family)[0] == 0:
-        n += 1
-    return n
 
 
 def typical_pairs(rule: "SequentialRule", max_pairs: int) -> int:
@@ -488,7 +381,7 @@ def holdout_pairs(confidence: float = 0.95, method: str = "hodges-lehmann", mini
     n = max(2, minimum)
     if method == "t":
         return n
-    while _exact_rank_level(n, 1.0 - confidence)[0] == 0:
+    while ranks.exact_rank_level(n, 1.0 - confidence)[0] == 0:
         n += 1
     return n
 

@@ -1,1 +1,1 @@
-"""The one-knob-at-a-time search: the search itself, knob stages, the trial broker, its state, the trial store and progress."""
+"""The one-knob-at-a-time search: the search itself, knob stages, screens, held-out sessions, the final check, the ETA, the trial broker, its state and results document, the trial store and progress."""

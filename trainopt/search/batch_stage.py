@@ -7,7 +7,8 @@ from typing import Any
 from trainopt.contract.distributed import grad_accum_for
 from trainopt.decide import batch as batch_mod
 from trainopt.decide import plan
-from trainopt.search.knob_stage import KnobStage, SearchFailed
+from trainopt.search.errors import SearchFailed
+from trainopt.search.knob_stage import KnobStage
 
 __all__ = ["run_batch_stage", "lr_hint"]
 

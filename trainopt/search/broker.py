@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainopt.contract.protocol import TrialRequest, TrialResult
+from trainopt.contract.session import SessionResult
 from trainopt.decide import plan
 from trainopt.decide.confirmation import Pair
 from trainopt.execute.executors import SessionExecutor, SessionJob, record_local
 from trainopt.execute.runner import Runner
-from trainopt.execute.session import SessionResult
 from trainopt.knobs import catalog as knobs
 from trainopt.search.state import SearchState, TrialRecord
 from trainopt.search.store import TrialStore
@@ -254,7 +254,7 @@ class TrialBroker:
     @staticmethod
     def _detail(ask: SessionAsk) -> str:
         arms = ask.arms
-        # A held-out session's third arm is the baseline (``KnobStage._holdout``).
+        # A held-out session's third arm is the baseline (``HeldOutSessions``).
         third = ask.role == "holdout" and len(arms) == 3
         values = [str(s.get(ask.knob)) for s in (arms[:2] if third else arms) if ask.knob in s]
         return (f"{ask.knob}=" + " vs ".join(values) + (", and the baseline" if third else "")) if values else ""

@@ -1,1 +1,1 @@
-"""Pure statistics over plain numbers: steady state, window summaries, paired rank intervals. numpy and scipy at most."""
+"""Pure statistics over plain numbers: steady state, window summaries, paired intervals, exact signed-rank kernels. numpy and scipy at most."""

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 from scipy import stats as sps
+
+from trainopt.stats.ranks import signed_rank_cdf
 
 __all__ = [
     "SteadyState",
@@ -120,22 +121,6 @@ class PairedInterval:
         return asdict(self)
 
 
-@lru_cache(maxsize=256)
-def _signed_rank_cdf(n: int) -> tuple[float, ...]:
-    """Exact null CDF of the Wilcoxon signed-rank statistic for ``n`` pairs.
-
-    Counts subsets of ranks {1..n} by their sum; every subset is equally likely under
-    the null of a distribution symmetric about zero.
-    """
-    total = n * (n + 1) // 2
-    counts = np.zeros(total + 1, dtype=float)
-    counts[0] = 1.0
-    for rank in range(1, n + 1):
-        counts[rank:] = counts[rank:] + counts[: total + 1 - rank].copy()
-    cdf = np.cumsum(counts) / 2.0**n
-    return tuple(float(c) for c in cdf)
-
-
 def _wilcoxon_rank(n: int, alpha: float) -> int:
     """The 1-based rank ``k`` of the Walsh average that bounds the interval.
 
@@ -143,7 +128,7 @@ def _wilcoxon_rank(n: int, alpha: float) -> int:
     ``P(T <= k - 1) <= alpha / 2``; 1 when even the extreme ranks do not reach it.
     """
     if n <= 60:
-        cdf = _signed_rank_cdf(n)
+        cdf = signed_rank_cdf(n)
         k = 0
         while k < len(cdf) and cdf[k] <= alpha / 2:
             k += 1
@@ -198,7 +183,7 @@ def paired_interval(
     m = len(walsh)
     k = _wilcoxon_rank(n, alpha)
     if n <= 60:
-        cdf = _signed_rank_cdf(n)
+        cdf = signed_rank_cdf(n)
         coverage = 1.0 - 2.0 * cdf[k - 1]
     else:
         coverage = confidence

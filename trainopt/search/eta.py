@@ -1,0 +1,103 @@
+"""The search's ETA: how many trial processes are left, told to the progress as the search goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainopt.decide import plan
+from trainopt.decide.sequential import SequentialRule, holdout_pairs, typical_pairs
+from trainopt.knobs import catalog as knobs
+from trainopt.search.broker import TrialBroker
+from trainopt.search.holdout import HeldOutSessions
+from trainopt.search.state import SearchState
+
+__all__ = ["SearchEta"]
+
+
+class SearchEta:
+    """Counts the trial processes a search has left (``plan.search_remaining``) and tells the progress.
+
+    Args:
+        spec: The validated spec.
+        state: The search's state (the knob order, the baseline's environment, the
+            trials measured so far).
+        broker: The search's broker (the device type and world size, once known).
+        progress: Receives ``set_remaining``.
+        held_out: The held-out sessions (whether the first kept change's are still owed).
+
+    Attributes:
+        knob_index: Index of the knob being decided.
+        incumbent: The settings adopted so far (what every later arm holds, for the
+            prices of the processes left).
+    """
+
+    def __init__(self, spec: Any, state: SearchState, broker: TrialBroker, progress: Any, held_out: HeldOutSessions):
+        self.spec = spec
+        self.state = state
+        self.broker = broker
+        self.progress = progress
+        self.held_out = held_out
+        self.knob_index = 0
+        self.incumbent: dict[str, Any] = dict(spec.baseline)
+        self._selected_now = 0
+
+    def update(self, knobs_done: int, selected: int | None = None, reusable: int = 0,
+               confirming: tuple[int, int, int, Any] | None = None) -> None:
+        """Tell the progress how many trial processes are left.
+
+        Args:
+            knobs_done: Knobs decided so far.
+            selected: After the current knob's screen: how many of its candidates it
+                selected for confirmation (the rest of that knob is then counted from it).
+            reusable: Held-out pairs the final check would reuse if no later knob kept a
+                change (counted only once no knob is left that could keep one).
+            confirming: While a confirmation runs, where it stands (``plan.remaining_in_knob``).
+        """
+        m = self.spec.measure
+        holdout = holdout_pairs(m.confidence, m.interval)
+        confirm = typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs)
+        order = self.state.order
+        later = order[knobs_done + (1 if selected is not None else 0):]
+        remaining = plan.search_remaining(
+            order, knobs_done, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
+            final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
+            skip=self._runs_nothing(later), incumbent=self.incumbent, baseline=self.spec.baseline,
+            selected=selected, reusable=reusable, batch_probes=self._batch_probes(),
+            pending=self.held_out.pending, screen_only=self._screen_only(later), confirming=confirming,
+        )
+        self.progress.set_remaining(remaining)
+
+    def selected(self, count: int) -> None:
+        """A knob's screen selected ``count`` candidates for confirmation."""
+        self._selected_now = count
+        self.update(self.knob_index, selected=count)
+
+    def look(self, index: int, measured: int, next_look: int, looks: list[int]) -> None:
+        """A confirmation's rule went on past a look: count this confirmation from where it stands."""
+        self.update(self.knob_index, selected=self._selected_now, confirming=(index, measured, next_look, tuple(looks)))
+
+    def _screen_only(self, names: list[str]) -> list[str]:
+        """Knobs expected to confirm nothing (for the ETA): loader workers whose gain the incumbent's
+        loader wait bounds below the margin, reduced precision on a CPU without bf16 instructions."""
+        wait = self.state.loader_wait(self.incumbent)
+        floor = 1.0 + self.spec.measure.min_speedup
+        env = self.state.baseline.env if self.state.baseline is not None else {}
+        return [n for n in names
+                if ((b := plan.loader_gain_bound(n, self.incumbent, wait)) is not None and b < floor)
+                or plan.expected_to_confirm_nothing(n, self.broker.device_type, env.get("cpu_flags"), self.spec.search[n])]
+
+    def _batch_probes(self) -> int:
+        """Probes the batch-size stage will likely run (more where memory can run out)."""
+        capped = plan.memory_bound(self.broker.device_type, self.spec.limits.memory_gb)
+        return plan.typical_batch_probes(int(self.spec.baseline.get("batch_size") or 1), self.spec.batch_search.max, capped)
+
+    def _runs_nothing(self, names: list[str]) -> list[str]:
+        """Knobs none of whose candidates apply on this device (recorded, never run)."""
+        if self.broker.device_type is None:
+            return []
+        base = dict(self.spec.baseline)
+        return [
+            n for n in names if n != "batch_size" and all(
+                knobs.not_applicable_reason(s, self.broker.device_type, self.broker.world_size)
+                for s in plan.candidates(base, n, self.spec.search[n]))
+        ]
