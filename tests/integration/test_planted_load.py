@@ -74,7 +74,7 @@ def test_a_search_under_a_planted_cpu_hog_finds_the_win_and_flags_the_machine(tm
     # Every session was judged (the guard's record covers the whole search). Whether this
     # machine's hog trips it depends on how much the hog slows this workload here: it was
     # re-measuring two sessions in one run and none in another, so detection itself is
-    # checked deterministically in tests/unit/test_broker_sessions.py.
+    # checked deterministically in tests/unit/search/test_broker_sessions.py.
     sessions = {t["session"]["id"] for t in doc["trials"] if t.get("session")}
     assert len(stability["points"]) >= len(sessions) > 0, stability
     assert stability["retries"] == sum(1 for p in stability["points"] if p["retry"] > 0)
