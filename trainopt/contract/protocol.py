@@ -69,6 +69,10 @@ class TrialRequest:
             (``torch.cuda.set_per_process_memory_fraction``), since an address-space cap
             breaks the CUDA driver. Each rank of a data-parallel trial is capped alike.
         trial_id: Identifier used in logs.
+        diagnose: After the timed windows, also profile where a step's time goes
+            (``TrialResult.breakdown``) and, when the spec has ``run_costs``, time one
+            checkpoint save and one evaluation pass (``TrialResult.run_costs``). Neither
+            touches the timed windows.
     """
 
     spec: dict[str, Any]
@@ -78,6 +82,7 @@ class TrialRequest:
     result_path: str
     memory_gb: float | None = None
     trial_id: str = ""
+    diagnose: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
@@ -134,6 +139,13 @@ class TrialResult:
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     # Measured inside a session: its id, this arm's index, the session's mode and note.
     session: dict[str, Any] | None = None
+    # Where a step's time goes, from a profiled window after the timed ones (requests with
+    # ``diagnose``): steps, wall_s, seconds and shares per phase (``trainopt.stats.phases.PHASES``,
+    # shares summing to 1), device_type, device_busy (accelerators: the device's busy share of
+    # wall time), gpu_utilization and gpu_memory_used_bytes (NVML, where available).
+    breakdown: dict[str, Any] | None = None
+    # What the rest of a run costs (``run_costs`` in the spec): checkpoint_s, eval_s, eval_batches.
+    run_costs: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

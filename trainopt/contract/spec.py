@@ -119,6 +119,10 @@ class MeasureSection(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # interleaved: live arms alternate timed windows; sequential: one fresh process per arm.
     session: Literal["interleaved", "sequential"] = "interleaved"
+    # Steps of the profiled window that splits a step's time into phases, after the timed
+    # windows of a diagnosed trial (the baseline, the final settings, ``trainopt measure``);
+    # null: as many as one timed window; 0: no breakdown.
+    breakdown_steps: int | None = Field(None, ge=0, le=100_000)
 
     @field_validator("max_pairs")
     @classmethod
@@ -136,6 +140,18 @@ class MeasureSection(_Strict):
             if v < need:
                 raise ValueError(f"must be at least {need} for confidence {confidence}: fewer pairs can never confirm a change")
         return v
+
+
+class RunCostsSection(_Strict):
+    """What the rest of a run costs: a checkpoint every N steps, an evaluation every M steps.
+
+    Measured once on the baseline (one checkpoint save, one evaluation pass) and reported
+    as a share of training time with the frequency that keeps it under 5 %. Advice only.
+    """
+
+    checkpoint_every_steps: int | None = Field(None, ge=1, le=10**12)
+    eval_every_steps: int | None = Field(None, ge=1, le=10**12)
+    eval_batches: int = Field(20, ge=1, le=100_000)
 
 
 class LimitsSection(_Strict):
@@ -186,6 +202,7 @@ class Spec(_Strict):
     measure: MeasureSection = MeasureSection()
     limits: LimitsSection = LimitsSection()
     distributed: DistributedSection | None = None
+    run_costs: RunCostsSection | None = None
     run_length_steps: int = Field(100_000, ge=1, le=10**12)
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
