@@ -9,10 +9,14 @@
 2. **fp16 with GradScaler**, bf16 and full precision: ``trainopt measure`` of each, with the
    scaler's figures for fp16 (scale, skipped steps) and a finite loss.
 3. **A real CUDA out-of-memory under a cap.** ``trainopt measure`` of a batch too large for
-   ``limits.memory_gb`` must come back ``oom``; then (last, step 5) a search of the batch size
+   ``limits.memory_gb`` must come back ``oom``; then (last) a search of the batch size
    alone under the same cap backs off from the probes that ran out of memory.
 4. **A small search on the GPU**: amp and pin_memory, with sessions of live arms where they
    fit on the device together; the session modes and verdicts.
+5. **Where a step's time goes** (``breakdown``): diagnosed trials of ResNet-18 at batch 32
+   without loader workers (expected input- or host-bound) and at batch 256 with workers
+   (expected compute-bound): each phase's share, ``device_busy`` from the profiler, NVML's
+   figures where ``nvidia-ml-py`` is installed, and the bottleneck verdict.
 
 Every step has its own time limit and the script stops starting steps past ``--budget-s``;
 ``summary.json`` and ``summary.md`` in ``--out`` hold what ran. ``--device cpu --quick``
@@ -230,6 +234,46 @@ class Checks:
                                               "grad_scaler", "peak_memory_bytes", "error", "stderr")}
         return out
 
+    def diagnosed(self, spec: Path, name: str, timeout: float = 300) -> dict:
+        """One trial process with ``diagnose`` set: the timed windows, then the profiled window."""
+        sys.path.insert(0, str(ROOT))
+        from trainopt.contract.protocol import TrialRequest
+        from trainopt.contract.spec import load_spec
+        from trainopt.execute.runner import SubprocessRunner
+
+        loaded = load_spec(spec)
+        folder = self.work / name
+        folder.mkdir(parents=True, exist_ok=True)
+        request = TrialRequest(spec=loaded.resolved(), source_dir=str(loaded.source_dir()), settings=dict(loaded.baseline),
+                               mode="measure", result_path=str(folder / "result.json"), trial_id=name, diagnose=True)
+        left = self.deadline - time.monotonic()
+        return SubprocessRunner().run(request, folder / "trial.log", max(5.0, min(timeout, left + 30))).to_dict()
+
+    def breakdown(self) -> dict:
+        """Where a step's time goes: small batch without workers against a large one with workers."""
+        from trainopt.decide.bottleneck import diagnose
+
+        cuda = self.device.startswith("cuda")
+        out = {}
+        cases = (("batch32_workers0", 32, 0, ["input", "host"]), ("batch256_workers4", 256, 2 if self.quick else 4, ["compute"]))
+        for name, batch, workers, expected in cases:
+            spec = self.spec_file(f"breakdown-{name}", baseline={"batch_size": batch, "num_workers": workers,
+                                                                  "pin_memory": cuda and workers > 0},
+                                  measure={"breakdown_steps": 20})
+            r = self.diagnosed(spec, f"breakdown-{name}")
+            b = r.get("breakdown") or {}
+            verdict = diagnose(b or None, r.get("data_wait_fraction"))
+            out[name] = {
+                "status": r.get("status"), "error": r.get("error"), "samples_per_s": r.get("samples_per_s"),
+                "shares": {k: round(v, 3) for k, v in (b.get("shares") or {}).items()},
+                "device_busy": b.get("device_busy"), "gpu_utilization": b.get("gpu_utilization"),
+                "gpu_memory_used_bytes": b.get("gpu_memory_used_bytes"), "profiled_steps": b.get("steps"),
+                "verdict": verdict["bottleneck"], "reason": verdict["reason"], "expected": expected,
+                # Only a GPU makes the expectation meaningful: --quick runs a tiny MLP on a CPU.
+                "as_expected": verdict["bottleneck"] in expected if cuda else None,
+            }
+        return out
+
     def _capped(self) -> tuple[float, int, dict]:
         """The memory cap, a batch far over it, and a data set large enough to hold that batch."""
         # On a CPU the cap is on address space, which torch's own libraries take a share of.
@@ -314,7 +358,7 @@ def main() -> None:
     args = ap.parse_args()
     checks = Checks(Path(args.out), args.device, args.quick, args.budget_s)
     steps = [("env", checks.env_info), ("sync_timing", checks.sync_timing), ("fidelity", checks.fidelity), ("amp", checks.amp),
-             ("oom_measure", checks.oom), ("small_search", checks.small_search), ("oom_search", checks.oom_search)]
+             ("breakdown", checks.breakdown), ("oom_measure", checks.oom), ("small_search", checks.small_search), ("oom_search", checks.oom_search)]
     t0 = time.monotonic()
     for name, fn in steps:
         if not args.only or name in args.only:

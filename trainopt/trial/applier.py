@@ -193,16 +193,21 @@ class Applier:
             self._scaler = torch.amp.GradScaler(self.device.type, init_scale=GRAD_SCALER_INIT_SCALE)
         return self._scaler
 
-    def backward_and_step(self, loss, optimizer) -> bool:
+    def backward_and_step(self, loss, optimizer, phases=None) -> bool:
         """Backward one micro-batch; step the optimizer after every ``grad_accum``-th.
 
         Args:
             loss: The micro-batch loss, unscaled (divided by ``grad_accum`` here).
             optimizer: The optimizer to step.
+            phases: A ``trainopt.trial.breakdown.PhaseTimer`` told when ``backward`` and
+                ``optimizer`` start and when the last one ends, or None (training as usual:
+                one ``is None`` test per phase edge).
 
         Returns:
             True when the optimizer stepped (and the gradients were reset).
         """
+        if phases is not None:
+            phases.start("backward")
         accum = self.settings["grad_accum"]
         scaled = loss / accum if accum > 1 else loss
         scaler = self.grad_scaler
@@ -212,7 +217,11 @@ class Applier:
             scaled.backward()
         self.micro_steps += 1
         if self.micro_steps % accum:
+            if phases is not None:
+                phases.stop()
             return False
+        if phases is not None:
+            phases.start("optimizer")
         if scaler is not None:
             # No scale read here: get_scale() waits for the device, which the measured
             # loop does only as sync_every asks (see scaler_state for the figures).
@@ -221,6 +230,8 @@ class Applier:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if phases is not None:
+            phases.stop()
         self.optimizer_steps += 1
         return True
 

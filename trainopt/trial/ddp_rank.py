@@ -6,6 +6,12 @@ loader this rank's ``DistributedSampler``; every rank runs the same timed loop a
 window edges bounded by barriers (``measure.measure_throughput(group=...)``). The ranks'
 window times are gathered to rank 0, which writes the one ``TrialResult``.
 
+A diagnosed request also has every rank profile where its steps' time goes after the timed
+windows (``trainopt.trial.breakdown``): each ``per_rank`` entry carries its rank's
+``breakdown``, and the trial's ``breakdown`` is the slowest rank's, naming it (``rank``).
+The gradients' all-reduce runs inside backward, so time a rank spends waiting for its
+peers shows in its ``backward`` phase.
+
 Every rank also writes a small status file beside the result (``distributed.rank_status_path``):
 its pid when it starts (so the orchestrator can stop its loader workers), and how it ended
 when it can see it (``done``, or ``failed`` with ``oom``/``nonfinite``/``error``). A rank
@@ -36,7 +42,7 @@ from trainopt.trial.lifeline import die_with_parent
 from trainopt.trial.memory import cap_memory
 from trainopt.trial.worker import fill_result
 
-__all__ = ["RankGroup", "run_rank", "main"]
+__all__ = ["RankGroup", "run_rank", "slowest_rank", "main"]
 
 
 class RankGroup:
@@ -92,6 +98,42 @@ def _rank_device(spec_device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
 
+def slowest_rank(gathered: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The breakdown of the rank whose profiled window took longest, naming that rank (``rank``).
+
+    Every rank's window starts at one barrier and the all-reduce in backward couples the
+    ranks, so their walls differ by what the slowest did that its peers waited for.
+    """
+    timed = [g for g in gathered if g.get("breakdown")]
+    if not timed:
+        return None
+    slowest = max(timed, key=lambda g: (g["breakdown"]["wall_s"], -g["rank"]))
+    return {**slowest["breakdown"], "rank": slowest["rank"]}
+
+
+def _diagnose(request: TrialRequest, trainer, window_steps: int, group: RankGroup) -> tuple[dict | None, dict | None]:
+    """This rank's profiled window, and on rank 0 the run costs while the others wait.
+
+    Every rank profiles the same number of steps (the window length is the same on all), so
+    the all-reduces of backward pair up. Rank 0 alone saves the checkpoint, as training
+    scripts do, and evaluates on the unwrapped model: DistributedDataParallel's forward may
+    broadcast buffers, a collective the waiting ranks would not join. A rank whose profiled
+    window fails in the middle of a step leaves its peers waiting in that step's all-reduce;
+    the trial then ends at its time limit, as any rank stuck in a collective does.
+    """
+    from trainopt.trial.breakdown import profile_or_none
+    from trainopt.trial.run_costs import run_costs_or_none
+
+    breakdown = profile_or_none(trainer, request.spec["measure"], window_steps, group=group)
+    run_costs = None
+    if request.spec.get("run_costs"):
+        if group.rank == 0:
+            run_costs = run_costs_or_none(trainer, request.spec["run_costs"], Path(request.result_path).parent,
+                                          forward=trainer.model)
+        group.barrier()
+    return breakdown, run_costs
+
+
 def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> tuple[TrialResult, bool]:
     """Run this rank's part of the trial.
 
@@ -143,17 +185,27 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
             m = measure_throughput(
                 trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"], group=group
             )
+        diagnose = request.diagnose and request.mode == "measure"
+        breakdown = run_costs = None
+        if diagnose:
+            breakdown, run_costs = _diagnose(request, trainer, m.window_steps, group)
         own = {
             "rank": rank,
             "window_times": m.window_times,
             "window_waits": m.window_waits,
             "peak_memory_bytes": m.peak_memory_bytes,
+            "breakdown": breakdown,
         }
         gathered = group.gather(own)
         if rank == 0:
             if m.window_times:
                 combined = distributed.combine_ranks(gathered, m.window_steps, trainer.samples_per_step)
                 per_rank = combined.pop("per_rank")
+                if diagnose:
+                    for entry, mine in zip(per_rank, gathered):
+                        entry["breakdown"] = mine["breakdown"]
+                    result.breakdown = slowest_rank(gathered)
+                    result.run_costs = run_costs
                 m = dataclasses.replace(m, **combined)
             else:
                 # A probe: the worst rank's peak decides whether the batch fits.

@@ -4,7 +4,8 @@ It reads top to bottom like a plain training script: apply the knobs, build the 
 warm up (discarded), calibrate how many steps fill a window, then time fixed windows of
 real steps over the real DataLoader. The device is synchronized only at window edges,
 so the figure is what a training run actually gets, not what an un-synchronized clock
-suggests.
+suggests. Where a step's time goes is measured after the timed windows, never inside them
+(``trainopt.trial.breakdown``, through the ``phases`` hook of ``Trainer.step``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from trainopt.stats import intervals as stats
 from trainopt.trial.applier import Applier
 from trainopt.trial.memory import PeakMemory
 
-__all__ = ["NonFiniteLoss", "Measurement", "Trainer", "measure_throughput", "probe_memory"]
+__all__ = ["NonFiniteLoss", "Measurement", "Trainer", "host_read", "measure_throughput", "probe_memory"]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -114,7 +115,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _next_batch(self, clock: Callable[[], float]):
+    def next_batch(self, clock: Callable[[], float] = time.perf_counter):
+        """The loader's next batch, starting a new epoch when one ends; the wait adds to ``data_wait``."""
         t0 = clock()
         try:
             batch = next(self._iter) if self._iter is not None else None
@@ -130,16 +132,31 @@ class Trainer:
         self.data_wait += clock() - t0
         return batch
 
-    def step(self, clock: Callable[[], float] = time.perf_counter) -> torch.Tensor:
-        """One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update."""
+    def step(self, clock: Callable[[], float] = time.perf_counter, phases: Any = None) -> torch.Tensor:
+        """One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update.
+
+        Args:
+            clock: The time source of the loader wait.
+            phases: A ``trainopt.trial.breakdown.PhaseTimer`` told each phase as it starts (the
+                profiled window after the timed ones), or None. The timed windows pass None:
+                each phase edge then costs one ``is None`` test and no clock read.
+        """
         accum = self.settings["grad_accum"]
         loss_sum = None
         for _ in range(accum):
-            x, y = self.applier.to_device(*self._next_batch(clock))
+            if phases is not None:
+                phases.start("data_wait")
+            batch = self.next_batch(clock)
+            if phases is not None:
+                phases.start("to_device")
+            x, y = self.applier.to_device(*batch)
+            if phases is not None:
+                phases.start("forward")
             with self.applier.no_sync():
                 with self.applier.autocast():
                     loss = self.loss_fn(self.forward(x), y)
-                self.applier.backward_and_step(loss, self.optimizer)
+                # Closes the forward phase and times backward and the update itself.
+                self.applier.backward_and_step(loss, self.optimizer, phases)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         self.last_loss = loss_sum / accum
         return self.last_loss
@@ -156,7 +173,7 @@ class Trainer:
         return value
 
 
-def _host_read(trainer: Any) -> None:
+def host_read(trainer: Any) -> None:
     """Read the loss on the host when ``sync_every`` asks, as a logging loop does.
 
     The cadence counts optimizer steps over the whole run (warm-up included), so a
@@ -207,7 +224,7 @@ def measure_throughput(
     after_first = clock()
     while _agree(group, steps < max(warmup_steps, 2) or clock() - start < warmup_seconds):
         trainer.step(clock)
-        _host_read(trainer)
+        host_read(trainer)
         steps += 1
     trainer.loss_value()
     typical = (clock() - after_first) / (steps - 1)
@@ -227,7 +244,7 @@ def measure_throughput(
         t0 = clock()
         for _ in range(m.window_steps):
             trainer.step(clock)
-            _host_read(trainer)
+            host_read(trainer)
         trainer.sync()
         if group is not None:
             group.barrier()

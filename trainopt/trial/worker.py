@@ -50,6 +50,19 @@ def fill_result(result: TrialResult, m, dataset_len: int | None) -> None:
     result.grad_scaler = m.grad_scaler
 
 
+def _diagnose(result: TrialResult, request: TrialRequest, trainer, window_steps: int) -> None:
+    """After the timed windows: where a step's time goes, and what checkpoints and evaluation cost.
+
+    Each part records None (and its reason in the log) when it fails; the measured figures
+    already in ``result`` stand.
+    """
+    from trainopt.trial.breakdown import profile_or_none
+    from trainopt.trial.run_costs import run_costs_or_none
+
+    result.breakdown = profile_or_none(trainer, request.spec["measure"], window_steps)
+    result.run_costs = run_costs_or_none(trainer, request.spec.get("run_costs"), Path(request.result_path).parent)
+
+
 def execute(request: TrialRequest) -> TrialResult:
     """Run one trial in this process and return its result (never raises for trial faults)."""
     import torch
@@ -91,6 +104,8 @@ def execute(request: TrialRequest) -> TrialResult:
                 trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"]
             )
         fill_result(result, m, trainer.dataset_len)
+        if request.diagnose and request.mode == "measure":
+            _diagnose(result, request, trainer, m.window_steps)
     except NonFiniteLoss as exc:
         result.status, result.error = "nonfinite", str(exc)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - every fault becomes a status, never a lost result
