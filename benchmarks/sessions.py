@@ -48,7 +48,10 @@ from benchmarks.fidelity import PLAIN  # noqa: E402
 from trainopt.contract.protocol import TrialRequest  # noqa: E402
 from trainopt.contract.spec import apply_overrides, spec_from_dict  # noqa: E402
 from trainopt.execute.runner import SubprocessRunner  # noqa: E402
-from trainopt.execute.session_runners import InterleavedSessionRunner, SequentialSessionRunner  # noqa: E402
+from trainopt.execute.session_runners import (  # noqa: E402
+    InterleavedSessionRunner,
+    SequentialSessionRunner,
+)
 
 FRESH_IMPORT = "import torch, torch._dynamo, trainopt.trial.measure, trainopt.trial.workloads, trainopt.trial.worker"
 

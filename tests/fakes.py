@@ -15,6 +15,10 @@ windows scattered around its throughput (log-scale sd ``window_sd``; the through
 itself is unchanged by them); by default every window equals the throughput and no
 extra draw is taken, so seeded runs stay as they were.
 
+A diagnosed trial (``TrialRequest.diagnose``) reports the ``breakdown`` and ``run_costs``
+the runner was given (fixed, or computed from the trial's settings), as the real trial's
+profiled window would; without them it reports none, as a trial without that window does.
+
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
 (``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
@@ -25,14 +29,35 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Union
 
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.session import SessionResult
 
-__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "noise_draw"]
+__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "noise_draw", "breakdown_of"]
 
 ENV = {"device_type": "cpu", "device_name": "fake", "torch": "fake"}
+
+# A fixed figure, or one computed from a trial's settings (None: the trial reports none).
+PerSettings = Union[Mapping[str, Any], Callable[[dict[str, Any]], Union[Mapping[str, Any], None]], None]
+
+
+def breakdown_of(shares: Mapping[str, float], *, wall_s: float = 1.0, steps: int = 10, device_type: str = "cpu",
+                 device_busy: float | None = None) -> dict[str, Any]:
+    """A ``TrialResult.breakdown`` with these phase shares, shaped like the profiled window's.
+
+    Args:
+        shares: Share of the wall time per named phase; ``other`` is what they leave.
+        wall_s: Wall time of the profiled steps.
+        steps: Steps profiled.
+        device_type: ``cpu`` or ``cuda``.
+        device_busy: The device's busy share of the wall time (accelerators), or None.
+    """
+    from trainopt.stats.phases import phase_shares
+
+    seconds = {p: s * wall_s for p, s in shares.items() if p != "other"}
+    return {"steps": steps, "wall_s": wall_s, "seconds": seconds, "shares": phase_shares(seconds, wall_s),
+            "device_type": device_type, "device_busy": device_busy}
 
 
 def noise_draw(rng: random.Random, sd: float, tail: str = "normal") -> float:
@@ -69,6 +94,9 @@ class FakeRunner:
         fail: ``{(knob, value): status}``: settings that fail with that status.
         seed: Seed of the noise.
         wait: The share of each step every trial reports waiting for the DataLoader.
+        breakdown: What a diagnosed trial reports as its ``breakdown``: a dict, or a function
+            of the trial's settings returning one (or None).
+        run_costs: Likewise for a diagnosed trial's ``run_costs``.
     """
 
     def __init__(
@@ -86,9 +114,13 @@ class FakeRunner:
         fail: dict[tuple[str, Any], str] | None = None,
         seed: int = 0,
         wait: float = 0.05,
+        breakdown: PerSettings = None,
+        run_costs: PerSettings = None,
     ):
         self.effects = dict(effects or {})
         self.wait = wait
+        self.breakdown = breakdown
+        self.run_costs = run_costs
         self.base = base
         self.process_sd, self.arm_sd, self.session_sd = process_sd, arm_sd, session_sd
         self.window_sd, self.n_windows = window_sd, windows
@@ -129,7 +161,16 @@ class FakeRunner:
             status="ok", settings=s, mode="measure", samples_per_s=speed, windows=windows, window_steps=10,
             step_time_s=batch / speed, data_wait_fraction=self.wait, peak_memory_bytes=batch * 2**20,
             env=ENV, dataset_len=4096, steps=10 * len(windows),
+            breakdown=self._diagnosed(self.breakdown, request), run_costs=self._diagnosed(self.run_costs, request),
         )
+
+    @staticmethod
+    def _diagnosed(figure: PerSettings, request: TrialRequest) -> dict[str, Any] | None:
+        """What a diagnosed trial reports for ``figure``; None for any other trial."""
+        if not request.diagnose or figure is None:
+            return None
+        value = figure(dict(request.settings)) if callable(figure) else figure
+        return dict(value) if value is not None else None
 
     def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:
         """One fresh trial: a probe (fits or OOM) or a measurement with per-process noise."""

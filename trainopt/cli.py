@@ -71,7 +71,55 @@ def cmd_validate(args) -> int:
 # ---- measure -----------------------------------------------------------------------
 
 
-def _measure_summary(result, spec_name: str) -> str:
+def _bottleneck_text(diagnosis: dict[str, Any]) -> str:
+    """``compute-bound (the figure behind it)``; results written before the reason existed give their text."""
+    from trainopt.decide.bottleneck import LABELS
+
+    verdict = diagnosis.get("bottleneck")
+    if diagnosis.get("reason"):
+        return f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})"
+    return str(diagnosis.get("text") or LABELS.get(verdict, verdict))
+
+
+def _breakdown_line(diagnosis: dict[str, Any]) -> str:
+    """Where a step's time goes, phase by phase, and the bottleneck that follows."""
+    from trainopt.decide.bottleneck import shares_text
+
+    breakdown = diagnosis.get("breakdown") or {}
+    phases = shares_text(breakdown) or "not profiled (no breakdown in the result)"
+    busy = breakdown.get("device_busy")
+    if busy is not None:
+        phases += f"; device busy {100 * busy:.0f} %"
+    return f"where a step's time goes: {phases} → {_bottleneck_text(diagnosis)}"
+
+
+def _fmt_seconds(seconds: float) -> str:
+    # A checkpoint of a small model takes milliseconds; "0.00 s" would hide it.
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _run_cost_lines(advice: dict[str, Any] | None) -> list[str]:
+    """One line per periodic cost: its share of the run at the spec's frequency and the frequency within budget."""
+    if not advice:
+        return []
+    budget = f"{100 * advice['budget']:.0f} %"
+    lines = []
+    for name in ("checkpoint", "evaluation"):
+        c = advice.get(name)
+        if not c:
+            continue
+        what = f"evaluation ({c['eval_batches']} batches)" if name == "evaluation" and c.get("eval_batches") else name
+        lines.append(
+            f"{what}: {_fmt_seconds(c['cost_s'])} every {c['every_steps']:,} steps takes {100 * c['share']:.1f} % of the run; "
+            f"every {c['every_steps_for_budget']:,} steps or more keeps it within {budget}"
+        )
+    return lines
+
+
+def _measure_summary(result, spec_name: str, spec_costs: dict[str, Any] | None = None) -> str:
+    from trainopt.decide import bottleneck
+    from trainopt.decide.run_costs import advise
+
     s = result.settings
     changed = " ".join(f"{k}={v}" for k, v in s.items() if k in ("batch_size", "amp", "num_workers", "compile"))
     lines = [f"{spec_name}  {changed}", f"status: {result.status}"]
@@ -88,6 +136,8 @@ def _measure_summary(result, spec_name: str) -> str:
             + (f"   compile: {result.compile_s:.1f} s" if result.compile_s is not None else "")
         )
         lines.append(f"loss: {result.first_loss:.4g} -> {result.last_loss:.4g}")
+        lines.append(_breakdown_line(bottleneck.diagnose(result.breakdown, result.data_wait_fraction)))
+        lines += _run_cost_lines(advise(result.run_costs, spec_costs, result.step_time_s))
         if result.world_size > 1:
             ranks = ", ".join(
                 f"rank {r['rank']} {r['samples_per_s']:,.1f} samples/s, {_fmt_bytes(r['peak_memory_bytes'])}"
@@ -100,6 +150,21 @@ def _measure_summary(result, spec_name: str) -> str:
     if result.log_path:
         lines.append(f"log: {result.log_path}")
     return "\n".join(lines)
+
+
+def _measure_json(result, spec_costs: dict[str, Any] | None) -> dict[str, Any]:
+    """What ``measure --json`` prints: the trial result (``breakdown`` among its keys), its
+    bottleneck with the figure behind it, and the run-costs advice."""
+    from trainopt.decide import bottleneck
+    from trainopt.decide.run_costs import advise
+
+    diagnosis = bottleneck.diagnose(result.breakdown, result.data_wait_fraction)
+    return {
+        **result.to_dict(),
+        "bottleneck": diagnosis["bottleneck"],
+        "bottleneck_reason": diagnosis["reason"],
+        "run_costs_advice": advise(result.run_costs, spec_costs, result.step_time_s),
+    }
 
 
 def cmd_measure(args) -> int:
@@ -129,13 +194,15 @@ def cmd_measure(args) -> int:
             result_path=str((folder.path / "trials" / "measure.result.json").resolve()),
             memory_gb=spec.limits.memory_gb,
             trial_id="measure",
+            diagnose=True,
         )
         result = SubprocessRunner().run(request, folder.path / "logs" / "measure.log", spec.measure.trial_timeout_s)
         write_json_atomic(folder.path / "result.json", result.to_dict())
+    spec_costs = spec.run_costs.model_dump(mode="json") if spec.run_costs is not None else None
     if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        print(json.dumps(_measure_json(result, spec_costs), indent=1))
     else:
-        print(_measure_summary(result, spec.name))
+        print(_measure_summary(result, spec.name, spec_costs))
         print(f"saved: {out / 'result.json'}")
     return EXIT_OK if result.ok else EXIT_FAILED
 
@@ -149,7 +216,11 @@ def _summary(doc: dict[str, Any]) -> str:
     final = doc.get("final") or {}
     lines = [f"search {doc['name']}: {'complete' if doc['complete'] else 'INCOMPLETE'}"]
     if doc.get("diagnosis"):
-        lines.append(f"diagnosis: {doc['diagnosis'].get('text')}")
+        lines.append(f"bottleneck of the baseline: {_bottleneck_text(doc['diagnosis'])}")
+    if doc.get("final_diagnosis"):
+        lines.append(f"bottleneck of the recommended settings: {_bottleneck_text(doc['final_diagnosis'])}")
+    elif doc.get("final_diagnosis_error"):
+        lines.append(f"bottleneck of the recommended settings: unknown: {doc['final_diagnosis_error']}")
     b = final.get("baseline_samples_per_s") or base.get("samples_per_s")
     a = best.get("samples_per_s")
     kept_first = next((d for d in doc["decisions"] if d["kept"]), None)
@@ -174,6 +245,7 @@ def _summary(doc: dict[str, Any]) -> str:
         lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
     else:
         lines.append("kept: nothing (no change was confirmed as faster)")
+    lines += [f"run cost: {line}" for line in _run_cost_lines(doc.get("run_costs"))]
     hint = (doc.get("batch_size") or {}).get("lr_hint")
     if hint:
         lines.append(f"note: {hint}")
@@ -207,7 +279,10 @@ def _executor(args, spec, runner):
     """Where the search's measurement sessions run: slots from the flags (``--parallel``,
     ``--ray``), live interleaved arms unless the spec asks for one fresh process per arm."""
     from trainopt.execute import scaling
-    from trainopt.execute.session_runners import InterleavedSessionRunner, SequentialSessionRunner
+    from trainopt.execute.session_runners import (
+        InterleavedSessionRunner,
+        SequentialSessionRunner,
+    )
 
     if spec.measure.session == "sequential":
         serial = SequentialSessionRunner(runner, note="measure.session is sequential")
@@ -224,7 +299,12 @@ def cmd_search(args) -> int:
     from trainopt.outputs.workspace import OutputFolder, default_folder
     from trainopt.search.progress import ConsoleProgress
     from trainopt.search.search import Search, SearchFailed
-    from trainopt.search.store import StoreLost, TrialStore, default_storage_url, masked_url
+    from trainopt.search.store import (
+        StoreLost,
+        TrialStore,
+        default_storage_url,
+        masked_url,
+    )
 
     spec = _load(args.spec)
     out = Path(args.out) if args.out else default_folder(spec.name)

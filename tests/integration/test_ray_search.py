@@ -15,7 +15,12 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.test_search_cli import INPUT_BOUND, finished_trials, search_cmd, spec_file
+from tests.integration.test_search_cli import (
+    INPUT_BOUND,
+    finished_trials,
+    search_cmd,
+    spec_file,
+)
 
 ray = pytest.importorskip("ray")
 from ray._private import ray_constants  # noqa: E402

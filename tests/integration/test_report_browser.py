@@ -190,7 +190,7 @@ def test_screenshot_is_not_blank(report, tmp_path):
 
 def test_stability_panel_and_warnings_render_without_console_errors(tmp_path):
     chromium = find_chromium()
-    from tests.unit.test_report import stability_doc
+    from tests.unit.outputs.test_report import stability_doc
 
     report = write_report(tmp_path / "run", stability_doc(reason_text="<i>"))
     dom, messages = dump_dom(chromium, report, tmp_path)
@@ -200,3 +200,42 @@ def test_stability_panel_and_warnings_render_without_console_errors(tmp_path):
     panel = re.search(r'<section id="stability">(.*?)</section>', dom, re.S).group(1)
     assert '<img src="data:image/png;base64,' in panel
     assert "verdict marked" in panel
+
+
+def test_breakdown_panel_shows_its_heading_and_figure(tmp_path):
+    chromium = find_chromium()
+    from tests.unit.outputs.test_report import breakdown_doc
+
+    doc = breakdown_doc()
+    doc["diagnosis"]["reason"] += " <b>"
+    report = write_report(tmp_path / "run", doc)
+    # Measured by the page itself once loaded: the heading takes room, the image decoded to the
+    # PNG's own size and is laid out, one verdict line per configuration.
+    probe = """<script>
+window.addEventListener("load", function () {
+  var panel = document.getElementById("breakdown");
+  var h2 = panel.querySelector("h2"), img = panel.querySelector("img");
+  var out = {heading: h2.textContent, headingHeight: h2.getBoundingClientRect().height,
+             complete: img.complete, naturalWidth: img.naturalWidth, shownWidth: img.getBoundingClientRect().width,
+             verdicts: [].map.call(panel.querySelectorAll("p.bottleneck"), function (p) { return p.textContent; }),
+             phases: panel.querySelectorAll("#phases tbody tr").length};
+  var pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script></body>"""
+    page = report.with_name("probe.html")
+    page.write_text(report.read_text(encoding="utf-8").replace("</body>", probe), encoding="utf-8")
+    dom, messages = dump_dom(chromium, page, tmp_path)
+    assert messages == []
+    m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert m, "the probe script did not run"
+    out = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    assert out["heading"] == "Where a step's time goes" and out["headingHeight"] > 0
+    import matplotlib.image
+
+    png = matplotlib.image.imread(str(report.parent / "plots" / "breakdown.png"))
+    assert out["complete"] and out["naturalWidth"] == png.shape[1] and out["shownWidth"] > 0
+    assert [v.split(":")[0] for v in out["verdicts"]] == ["Baseline", "Recommended settings"]
+    # The reason reached the page as text, not as markup.
+    assert "<b>" in out["verdicts"][0] and "input-bound" in out["verdicts"][0]
+    assert out["phases"] == len(doc["diagnosis"]["breakdown"]["shares"])

@@ -222,3 +222,56 @@ def test_changed_spec_needs_fresh(tmp_path, cli_env):
     assert proc.returncode == 2 and "--fresh" in proc.stderr
     proc = subprocess.run(search_cmd(spec, out, "--fresh"), capture_output=True, text=True, env=cli_env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_baseline_and_the_recommended_settings_say_where_a_step_s_time_goes(tmp_path, cli_env):
+    from trainopt.decide import bottleneck
+    from trainopt.decide.run_costs import advise
+
+    costs = {"checkpoint_every_steps": 1000, "eval_every_steps": 200, "eval_batches": 2}
+    spec = spec_file(tmp_path, **INPUT_BOUND, run_costs=costs)
+    out = tmp_path / "out"
+    proc = subprocess.run(search_cmd(spec, out), capture_output=True, text=True, env=cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    # Slow storage and no workers: the baseline waits for data, and the workers win.
+    diagnosis = doc["diagnosis"]
+    assert diagnosis["bottleneck"] == "input" and doc["search_order"][0] == "num_workers"
+    assert diagnosis == bottleneck.diagnose(diagnosis["breakdown"], doc["baseline"]["data_wait_fraction"])
+    if diagnosis["breakdown"] is not None:
+        assert sum(diagnosis["breakdown"]["shares"].values()) == pytest.approx(1.0)
+    assert f"bottleneck of the baseline: input-bound ({diagnosis['reason']})" in proc.stdout
+    # The recommended settings differ, so one diagnosed trial of them ran after the final check.
+    assert doc["best"]["settings"]["num_workers"] == 2
+    (diag,) = [t for t in doc["trials"] if t["role"] == "diagnosis"]
+    assert diag["settings"] == doc["best"]["settings"] and diag["status"] == "ok"
+    assert doc["final_diagnosis"] is not None and doc["final_diagnosis_error"] is None
+    assert doc["final_diagnosis"]["data_wait_fraction"] == diag["data_wait_fraction"]
+    assert "bottleneck of the recommended settings: " in proc.stdout
+    # The run costs, priced from what the baseline trial measured, when it measured them.
+    (base_file,) = (out / "trials").glob("*-baseline-baseline.result.json")
+    base = json.loads(base_file.read_text())
+    assert doc["run_costs"] == advise(base.get("run_costs"), costs, base["step_time_s"])
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert '<section id="breakdown">\n<h2>Where a step\'s time goes</h2>' in html
+
+
+def test_measure_json_says_where_a_step_s_time_goes(tmp_path, cli_env):
+    from trainopt.decide import bottleneck
+
+    spec = spec_file(tmp_path)
+    out = tmp_path / "measure"
+    proc = subprocess.run([sys.executable, "-m", "trainopt", "measure", str(spec), "--json", "--out", str(out)],
+                          capture_output=True, text=True, env=cli_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert {"breakdown", "bottleneck", "bottleneck_reason", "run_costs_advice"} <= set(data)
+    d = bottleneck.diagnose(data["breakdown"], data["data_wait_fraction"])
+    assert (data["bottleneck"], data["bottleneck_reason"]) == (d["bottleneck"], d["reason"])
+    assert data["run_costs_advice"] is None  # the spec has no run_costs section
+    saved = json.loads((out / "result.json").read_text())
+    assert "bottleneck" not in saved and saved["breakdown"] == data["breakdown"]
+    human = subprocess.run([sys.executable, "-m", "trainopt", "measure", str(spec), "--out", str(tmp_path / "human")],
+                           capture_output=True, text=True, env=cli_env, timeout=300)
+    assert human.returncode == 0, human.stderr[-3000:]
+    assert "where a step's time goes: " in human.stdout and " → " in human.stdout

@@ -8,15 +8,15 @@ import statistics
 import pytest
 
 from tests.conftest import tiny_spec_dict
-from tests.fakes import FakeRunner, noise_draw
+from tests.fakes import FakeRunner, breakdown_of, noise_draw
 from trainopt.contract.protocol import TrialRequest
 from trainopt.contract.spec import spec_from_dict
 from trainopt.search.search import Search
 from trainopt.search.store import TrialStore
 
 
-def request(settings, mode="measure"):
-    return TrialRequest(spec={}, source_dir=".", settings=settings, mode=mode, result_path="/nonexistent")
+def request(settings, mode="measure", diagnose=False):
+    return TrialRequest(spec={}, source_dir=".", settings=settings, mode=mode, result_path="/nonexistent", diagnose=diagnose)
 
 
 def test_fake_runner_drives_the_search_probes_and_confirmations(tmp_path):
@@ -61,3 +61,23 @@ def test_noise_draws_have_the_asked_spread(tail):
     x = [noise_draw(rng, 0.1, tail) for _ in range(20000)]
     assert statistics.median(x) == pytest.approx(0, abs=0.01)
     assert statistics.pstdev(x) == pytest.approx(0.1, rel=0.15)
+
+
+def test_only_diagnosed_trials_report_the_chosen_breakdown_and_run_costs():
+    shares = {"data_wait": 0.3, "forward": 0.4, "backward": 0.2}
+    fixed = breakdown_of(shares, device_type="cuda", device_busy=0.7)
+    assert fixed["shares"]["other"] == pytest.approx(0.1) and sum(fixed["shares"].values()) == pytest.approx(1.0)
+    costs = {"checkpoint_s": 1.0, "eval_s": 2.0, "eval_batches": 5}
+    runner = FakeRunner(breakdown=fixed, run_costs=costs)
+    r = runner.run(request({"batch_size": 16}, diagnose=True), None, 60)
+    assert r.breakdown == fixed and r.breakdown is not fixed and r.run_costs == costs
+    plain = runner.run(request({"batch_size": 16}), None, 60)
+    assert plain.breakdown is None and plain.run_costs is None
+    arms = runner.run_session([request({"batch_size": 16}), request({"batch_size": 32})], [], 60, seed=0).arms
+    assert [a.breakdown for a in arms] == [None, None]
+    # Per settings: a function of the trial's settings, which may report none.
+    per = FakeRunner(breakdown=lambda s: fixed if s["batch_size"] == 16 else None)
+    assert per.run(request({"batch_size": 16}, diagnose=True), None, 60).breakdown == fixed
+    assert per.run(request({"batch_size": 32}, diagnose=True), None, 60).breakdown is None
+    # Without a chosen breakdown a diagnosed trial reports none, as one without the profiled window.
+    assert FakeRunner().run(request({"batch_size": 16}, diagnose=True), None, 60).breakdown is None

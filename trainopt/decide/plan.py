@@ -2,8 +2,10 @@
 
 The order follows the training-speed checklist (batch size, precision, layout, input
 pipeline, host overhead, backend flags, compilation) unless the spec asks for its own
-order; when the baseline is input-bound, the input-pipeline knobs go first, because a
-faster model step changes nothing while the loader is the bottleneck.
+order; the baseline's bottleneck (``bottleneck.diagnose``) moves the stages that act on it
+to the front: the input pipeline when the step waits for data, host overhead and
+compilation when the host is the limit, because a faster model step changes little while
+something else bounds the step.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
+from trainopt.decide import bottleneck as bottlenecks
 from trainopt.knobs import catalog as knobs
 
 __all__ = [
-    "INPUT_BOUND_THRESHOLD",
-    "diagnose",
     "knob_order",
     "candidates",
     "settings_hash",
@@ -34,42 +35,25 @@ __all__ = [
     "memory_bound",
 ]
 
-# Above this share of step time spent waiting for the loader, training is input-bound.
-INPUT_BOUND_THRESHOLD = 0.25
-
-
-def diagnose(data_wait_fraction: float | None) -> dict[str, Any]:
-    """Say whether training is input-bound or compute-bound, with the figure behind it."""
-    if data_wait_fraction is None:
-        return {"bottleneck": "unknown", "data_wait_fraction": None, "text": "no measurement of loader wait time"}
-    share = f"{data_wait_fraction:.0%}"
-    if data_wait_fraction > INPUT_BOUND_THRESHOLD:
-        return {
-            "bottleneck": "input",
-            "data_wait_fraction": data_wait_fraction,
-            "text": f"input-bound: {share} of each step waits for the DataLoader; input-pipeline knobs are tried first",
-        }
-    return {
-        "bottleneck": "compute",
-        "data_wait_fraction": data_wait_fraction,
-        "text": f"compute-bound: only {share} of each step waits for the DataLoader",
-    }
-
 
 def knob_order(search: Mapping[str, Any], order: str = "guide", bottleneck: str = "compute") -> list[str]:
     """The knobs of ``search`` in the order they are tried.
 
+    With the ``guide`` order, the stages the bottleneck puts first
+    (``bottleneck.FIRST_STAGES``) come first, in that order; the other stages follow in
+    the checklist's order (``catalog.STAGES``); within a stage, knobs keep the order written.
+
     Args:
         search: The spec's search section (knob -> candidates), in the order written.
         order: ``guide`` (checklist stages) or ``as_written``.
-        bottleneck: From ``diagnose``; ``input`` moves input-pipeline knobs first (guide order only).
+        bottleneck: The baseline's verdict (``bottleneck.VERDICTS``); guide order only.
     """
     names = list(search)
     if order == "as_written":
         return names
-    stage_rank = {stage: i for i, stage in enumerate(knobs.STAGES)}
-    if bottleneck == "input":
-        stage_rank["input"] = -1
+    first = bottlenecks.FIRST_STAGES.get(bottleneck, ())
+    rest = [stage for stage in knobs.STAGES if stage not in first]
+    stage_rank = {stage: i for i, stage in enumerate((*first, *rest))}
     return sorted(names, key=lambda n: (stage_rank[knobs.KNOBS[n].stage], names.index(n)))
 
 
@@ -196,8 +180,10 @@ COMPILED_ARM_COST = 2.6
 # H-M, benchmarks/eta_replay.py): the baseline, a one-shot fresh process with its own full
 # warm-up, 1.9-2.6; a batch probe 1.4-2.2; a screen arm 1.0-2.2 (larger batches and slow
 # candidates take longer over their warm-up steps); the one-shot cold-compile trial 14-16
-# from a cold compiler cache (3.7-4.4 from a warm one, for a search run again).
-ROLE_COST = {"baseline": 2.4, "probe": 1.8, "screen": 1.4}
+# from a cold compiler cache (3.7-4.4 from a warm one, for a search run again). The diagnosis
+# trial of the recommended settings after the final check is a one-shot fresh process with a
+# profiled window, like the baseline trial, and is priced as one.
+ROLE_COST = {"baseline": 2.4, "diagnosis": 2.4, "probe": 1.8, "screen": 1.4}
 COLD_COMPILE_COST = 14.0
 
 
@@ -372,7 +358,9 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
     default), and only when some change is kept. The first kept change measures its
     held-out sessions at the end, and only if no later change is kept (``kept_states``).
     Each knob still to decide keeps a change at ``TYPICAL_KEPT_SHARE`` (the current one,
-    after its screen selected some, at ``KEPT_AFTER_SELECTION``).
+    after its screen selected some, at ``KEPT_AFTER_SELECTION``). The one-shot diagnosis
+    trial of the recommended settings after the final check runs only when they differ from
+    the baseline, so it is counted at the chance that some change is kept.
 
     Args:
         order: The search order of the knobs.
@@ -415,6 +403,8 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         batch_candidates=batch_candidates, incumbent=incumbent, baseline=baseline, batch_probes=batch_probes,
         state=states[1] if selected is not None else start, screen_only=screen_only,
     )
+    # Settings other than the baseline's are recommended only after a kept change.
+    remaining += (1.0 - end[0]) * arm_cost(incumbent, "diagnosis")
     if selected is not None:
         knob = order[knobs_done]
         inc = arm_cost(incumbent)

@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trainopt.contract import distributed
-from trainopt.contract.boundary import DDP_RANK_MODULE, LAUNCH_STATUS_VAR, TORCHRUN_MODULE
+from trainopt.contract.boundary import (
+    DDP_RANK_MODULE,
+    LAUNCH_STATUS_VAR,
+    TORCHRUN_MODULE,
+)
 from trainopt.contract.distributed import launch_status_path, rank_status_path
 
 __all__ = [

@@ -22,7 +22,11 @@ from typing import Any
 
 from trainopt.atomic import write_json_atomic
 from trainopt.contract.boundary import REFCHECK_MODULE
-from trainopt.contract.protocol import REFCHECK_ANSWER_KIND, REFCHECK_REQUEST_KIND, REFCHECK_SCHEMA_VERSION
+from trainopt.contract.protocol import (
+    REFCHECK_ANSWER_KIND,
+    REFCHECK_REQUEST_KIND,
+    REFCHECK_SCHEMA_VERSION,
+)
 from trainopt.contract.reference import WorkloadError, is_reference
 
 __all__ = ["spec_references", "check_references"]

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from trainopt.contract.boundary import PARENT_PID_VAR, TORCHRUN_MODULE, WORKER_MODULE, child_environment
+from trainopt.contract.boundary import (
+    PARENT_PID_VAR,
+    TORCHRUN_MODULE,
+    WORKER_MODULE,
+    child_environment,
+)
 from trainopt.contract.protocol import SchemaVersionError, TrialRequest, TrialResult
 from trainopt.execute.ddp_launch import DistributedLaunch
 

@@ -11,7 +11,20 @@ Schema (``schema_version`` 1)::
     complete: bool               # false while running or after an interruption
     missing: [knob, ...]         # knobs not decided yet (partial results)
     started_at, updated_at: ISO 8601; elapsed_s
-    diagnosis: {bottleneck: input|compute|unknown, data_wait_fraction, text}
+    diagnosis: {bottleneck: input|sync|host|compute|unknown, reason, text, data_wait_fraction,
+                breakdown}   # the baseline's bottleneck (trainopt/decide/bottleneck.py);
+                             # breakdown: the baseline trial's profiled window (steps, wall_s,
+                             # seconds and shares per phase, device_type, device_busy, ...) or
+                             # null (no profiled window: the verdict then rests on
+                             # data_wait_fraction alone)
+    final_diagnosis: same shape as diagnosis, for the recommended settings when they are not
+                     the baseline's (one diagnosed trial after the final check, role
+                     "diagnosis"); null otherwise, before it ran, or when it failed
+    final_diagnosis_error: why that diagnosis trial failed, or null
+    run_costs: {budget, step_time_s, checkpoint?: {cost_s, every_steps, share,
+                every_steps_for_budget, within_budget}, evaluation?: {..., eval_batches}}
+                or null      # the spec's run_costs at the baseline's step time
+                             # (trainopt/decide/run_costs.py); null without a measurement
     search_order: [knob, ...]
     baseline: {settings, samples_per_s, step_time_s, data_wait_fraction, peak_memory_bytes}
     best: {settings, samples_per_s, source, reason, n_pairs}
@@ -44,7 +57,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainopt.decide import plan
 from trainopt.decide.recommendation import recommend
+from trainopt.decide.run_costs import advise
 from trainopt.search.state import SearchState, TrialRecord
 from trainopt.version import __version__
 
@@ -104,6 +119,10 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
     missing = [k for k in (state.order or state.planned_knobs) if k not in state.done_knobs]
     if not complete and not final:
         missing.append("final check")
+    elif (not complete and state.final_diagnosis is None and state.final_diagnosis_error is None
+          and plan.settings_hash(rec.settings) != plan.settings_hash(base.settings if base else state.baseline_settings)):
+        # Past the final check, the recommended settings' diagnosis trial is still owed.
+        missing.append("final diagnosis")
     decisions = []
     for d in state.decisions:
         row = d.to_dict()
@@ -122,6 +141,9 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
         "updated_at": _now(),
         "elapsed_s": time.time() - state.started,
         "diagnosis": state.diagnosis,
+        "final_diagnosis": state.final_diagnosis,
+        "final_diagnosis_error": state.final_diagnosis_error,
+        "run_costs": advise(base.run_costs, state.run_costs, base.step_time_s) if base is not None else None,
         "search_order": state.order,
         "baseline": None
         if base is None

@@ -67,6 +67,14 @@ class SearchEta:
         )
         self.progress.set_remaining(remaining)
 
+    def final_diagnosis(self, settings: dict[str, Any] | None) -> None:
+        """After the final check: all that is left is the recommended settings' diagnosis trial, or nothing.
+
+        Args:
+            settings: The settings the diagnosis trial measures, or None when none runs.
+        """
+        self.progress.set_remaining(plan.arm_cost(settings, "diagnosis") if settings is not None else 0.0)
+
     def selected(self, count: int) -> None:
         """A knob's screen selected ``count`` candidates for confirmation."""
         self._selected_now = count

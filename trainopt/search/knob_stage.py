@@ -16,7 +16,12 @@ from typing import Any
 from trainopt.contract.protocol import TrialResult
 from trainopt.decide import plan
 from trainopt.decide.confirmation import Confirmation, confirm
-from trainopt.decide.screen import MAX_CONFIRM, SCREEN_GATE, cap_selection, select_for_confirmation
+from trainopt.decide.screen import (
+    MAX_CONFIRM,
+    SCREEN_GATE,
+    cap_selection,
+    select_for_confirmation,
+)
 from trainopt.decide.sequential import SequentialRule
 from trainopt.decide.verdict import Decision, judge_compile
 from trainopt.knobs import catalog as knobs

@@ -13,7 +13,12 @@ from typing import Any, NamedTuple
 
 from trainopt.contract.protocol import TrialResult
 from trainopt.decide import plan
-from trainopt.decide.screen import MAX_CONFIRM, RESCREEN_FLOOR, SCREEN_GATE, rescreen_candidates
+from trainopt.decide.screen import (
+    MAX_CONFIRM,
+    RESCREEN_FLOOR,
+    SCREEN_GATE,
+    rescreen_candidates,
+)
 from trainopt.search.broker import SessionAsk, TrialBroker
 from trainopt.search.errors import SearchFailed
 

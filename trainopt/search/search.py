@@ -1,5 +1,9 @@
 """One-knob-at-a-time search: baseline, then per knob screen -> confirm -> adopt, then a final check.
 
+The baseline trial also profiles where a step's time goes; its bottleneck
+(``bottleneck.diagnose``) sets which stages are tried first. After the final check, the
+recommended settings get one diagnosed trial of their own when they differ from the baseline.
+
 The parts, each in its own module: the ``TrialBroker`` keys, caches and runs trials;
 ``KnobStage`` decides one knob, with a ``Screener`` for its screens and
 ``HeldOutSessions`` for the held-out figure of a kept change; ``run_batch_stage`` probes
@@ -17,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainopt.contract.spec import Spec
-from trainopt.decide import plan
+from trainopt.decide import bottleneck, plan
+from trainopt.decide.recommendation import recommend
 from trainopt.decide.verdict import Decision
 from trainopt.execute.executors import SerialExecutor, SessionExecutor
 from trainopt.execute.runner import Runner
@@ -95,7 +100,8 @@ class Search:
         state = self.state
         base_settings = dict(self.spec.baseline)
         self.progress.stage("baseline", "measuring the baseline")
-        state.baseline = self.broker.trial(base_settings, stage="baseline", knob="baseline", role="baseline", tag="0")
+        state.baseline = self.broker.trial(base_settings, stage="baseline", knob="baseline", role="baseline", tag="0",
+                                           diagnose=True)
         if not state.baseline.ok:
             self._checkpoint(complete=False)
             raise SearchFailed(
@@ -103,7 +109,7 @@ class Search:
                 f"fix the spec's baseline or workload and run again (log: {state.baseline.log_path})"
             )
         self.broker.device_type = state.baseline.env.get("device_type", "cpu")
-        state.diagnosis = plan.diagnose(state.baseline.data_wait_fraction)
+        state.diagnosis = bottleneck.diagnose(state.baseline.breakdown, state.baseline.data_wait_fraction)
         state.order = plan.knob_order(self.spec.search, self.spec.search_order, state.diagnosis["bottleneck"])
         incumbent = base_settings
         self.eta.update(0)
@@ -128,7 +134,31 @@ class Search:
         if self.broker.unstable[n0:]:
             state.final["unstable"] = "; ".join(filter(None, [state.final.get("unstable"), *self.broker.unstable[n0:]]))
         state.warnings.extend(final_warnings(state, self.stage.screener.first_screen_rate))
+        self._diagnose_recommended()
         return self._checkpoint(complete=True)
+
+    def _diagnose_recommended(self) -> None:
+        """Where a step of the recommended settings spends its time: one one-shot diagnosed trial.
+
+        Run only when they differ from the baseline's (whose diagnosis the baseline trial
+        gave). It decides nothing: a failure leaves ``final_diagnosis`` None with the reason.
+        Its key is fixed by the settings, so a resumed search reuses it.
+        """
+        state = self.state
+        base = state.baseline
+        rec = recommend(base.settings, base.samples_per_s, state.decisions, state.final)
+        if plan.settings_hash(rec.settings) == plan.settings_hash(base.settings):
+            self.eta.final_diagnosis(None)
+            return
+        self.eta.final_diagnosis(rec.settings)
+        # The final check's results are saved before a trial that decides nothing.
+        self._checkpoint(complete=False)
+        self.progress.stage("diagnosis", "where a step of the recommended settings spends its time")
+        result = self.broker.trial(rec.settings, stage="final", knob="final", role="diagnosis", tag="0", diagnose=True)
+        if not result.ok:
+            state.final_diagnosis_error = f"the diagnosis trial of the recommended settings failed ({result.status}: {result.error})"
+            return
+        state.final_diagnosis = bottleneck.diagnose(result.breakdown, result.data_wait_fraction)
 
     def _checkpoint(self, complete: bool) -> dict[str, Any]:
         doc = build_results(self.state, complete=complete)

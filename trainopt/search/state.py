@@ -47,13 +47,19 @@ class SearchState:
         out_dir: The output folder (trial logs are given relative to it).
         started: When the search started (epoch seconds).
         baseline: The baseline trial, once measured.
-        diagnosis: Input- or compute-bound, from the baseline.
+        diagnosis: The baseline's bottleneck (``bottleneck.diagnose``: verdict, reason, text,
+            loader wait share, breakdown).
         order: The knobs in the order they are tried.
         done_knobs: The knobs decided so far.
         decisions: Every decision, in order.
         trials: Every trial used, in order.
         batch_info: The batch-size stage's probes and figures.
         final: The final check (empty until it ran).
+        final_diagnosis: The recommended settings' bottleneck, from their diagnosis trial
+            after the final check (same shape as ``diagnosis``); None before it, when the
+            baseline's settings are recommended, or when it failed.
+        final_diagnosis_error: Why the diagnosis trial failed, or None.
+        run_costs: The spec's ``run_costs`` section (plain data), or None.
         ran: Trials run by this process.
         reused: Trials answered from the store.
         guard: The stability guard (its record goes into the results), or None.
@@ -75,6 +81,9 @@ class SearchState:
     trials: list[TrialRecord] = field(default_factory=list)
     batch_info: dict[str, Any] = field(default_factory=dict)
     final: dict[str, Any] = field(default_factory=dict)
+    final_diagnosis: dict[str, Any] | None = None
+    final_diagnosis_error: str | None = None
+    run_costs: dict[str, Any] | None = None
     ran: int = 0
     reused: int = 0
     guard: Any = None
@@ -90,6 +99,7 @@ class SearchState:
             baseline_settings=dict(spec.baseline),
             planned_knobs=list(spec.search),
             out_dir=Path(out_dir),
+            run_costs=spec.run_costs.model_dump(mode="json") if spec.run_costs is not None else None,
         )
 
     def loader_wait(self, settings: dict[str, Any]) -> float | None:

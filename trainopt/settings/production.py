@@ -29,7 +29,13 @@ from typing import Any, ContextManager, Mapping
 
 from trainopt.contract import distributed as dist_mod
 from trainopt.settings.environment_check import warn_if_measured_elsewhere
-from trainopt.settings.record import SettingsError, SettingsRecord, read_record, record_from_document, validate_record
+from trainopt.settings.record import (
+    SettingsError,
+    SettingsRecord,
+    read_record,
+    record_from_document,
+    validate_record,
+)
 
 __all__ = ["TrainSettings", "load_settings", "settings_from_dict"]
 

@@ -19,7 +19,13 @@ import yaml
 
 from trainopt.contract import distributed as dist_mod
 from trainopt.errors import UserError
-from trainopt.knobs.catalog import KNOBS, KnobValueError, coerce_value, default_settings, distributed_reason
+from trainopt.knobs.catalog import (
+    KNOBS,
+    KnobValueError,
+    coerce_value,
+    default_settings,
+    distributed_reason,
+)
 from trainopt.knobs.kwargs import DEVICE_PATTERN
 from trainopt.version import __version__
 

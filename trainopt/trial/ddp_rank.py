@@ -142,7 +142,12 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         whether this rank itself failed (so it must exit non-zero to stop its peers).
     """
     from trainopt.trial import environment as fingerprint
-    from trainopt.trial.measure import NonFiniteLoss, Trainer, measure_throughput, probe_memory
+    from trainopt.trial.measure import (
+        NonFiniteLoss,
+        Trainer,
+        measure_throughput,
+        probe_memory,
+    )
     from trainopt.trial.workloads import build_workload
 
     settings = dict(request.settings)

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from trainopt.atomic import write_json_atomic
-from trainopt.contract.protocol import REFCHECK_ANSWER_KIND, REFCHECK_REQUEST_KIND, REFCHECK_SCHEMA_VERSION
+from trainopt.contract.protocol import (
+    REFCHECK_ANSWER_KIND,
+    REFCHECK_REQUEST_KIND,
+    REFCHECK_SCHEMA_VERSION,
+)
 from trainopt.contract.reference import WorkloadError, resolve_reference
 
 __all__ = ["answer", "main"]

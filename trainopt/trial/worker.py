@@ -69,7 +69,12 @@ def execute(request: TrialRequest) -> TrialResult:
 
     from trainopt.trial import environment as fingerprint
     from trainopt.trial.applier import resolve_device
-    from trainopt.trial.measure import NonFiniteLoss, Trainer, measure_throughput, probe_memory
+    from trainopt.trial.measure import (
+        NonFiniteLoss,
+        Trainer,
+        measure_throughput,
+        probe_memory,
+    )
     from trainopt.trial.workloads import build_workload
 
     settings = dict(request.settings)

@@ -94,7 +94,7 @@ def test_a_pair_missing_a_side_without_a_failure_is_a_bug():
 
 def test_search_takes_another_rule_through_the_seam(tmp_path):
     from tests.conftest import tiny_spec_dict
-    from tests.unit.test_search import FakeRunner
+    from tests.unit.search.test_search import FakeRunner
     from trainopt.contract.spec import spec_from_dict
     from trainopt.search.search import Search
     from trainopt.search.store import TrialStore

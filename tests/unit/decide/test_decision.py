@@ -71,7 +71,7 @@ def test_remaining_trials_counts_screens_confirmations_holdouts_and_the_final_ch
 
 
 def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_to_run():
-    from trainopt.decide.plan import kept_states, search_remaining
+    from trainopt.decide.plan import arm_cost, kept_states, search_remaining
 
     search = {"amp": ["off", "bf16"], "num_workers": [0, 2]}
     order = ["amp", "num_workers"]
@@ -80,40 +80,47 @@ def test_the_whole_search_counts_the_final_check_only_as_far_as_it_is_expected_t
     kw = dict(confirm_pairs=8, holdout_pairs=6, final_pairs=6, batch_candidates=4, baseline=base)
     # num_workers' screen (incumbent + 1 candidate at 1.4 arms) and its typical confirmations.
     knob = 2 * 1.4 + 0.8 * 16
-    # Nothing kept and no knob left: no final check at all.
+    # The recommended settings' diagnosis trial, run once some change is kept.
+    diag = arm_cost(kept, "diagnosis")
+    # Nothing kept and no knob left: no final check and no diagnosis trial at all.
     assert search_remaining(order, 2, search, incumbent=base, **kw) == 0
     # Nothing kept, one knob left: a change kept there (0.36) is the first, so it measures no
     # held-out sessions then; its six two-arm ones come at the end and are the final check.
-    assert search_remaining(order, 1, search, incumbent=base, **kw) == pytest.approx(knob + 0.36 * 6 * 2)
+    assert search_remaining(order, 1, search, incumbent=base, **kw) == pytest.approx(knob + 0.36 * 6 * 2 + 0.36 * diag)
     # One change kept and settled, 6 reusable pairs: if the last knob keeps another change, its
     # held-out sessions run the baseline as a third arm and are the final check.
-    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob + 0.36 * 6 * 3)
+    assert search_remaining(order, 1, search, incumbent=kept, reusable=6, **kw) == pytest.approx(knob + 0.36 * 6 * 3 + diag)
     # One change kept, its held-out pairs still owed: measured by the last knob's three-arm
     # held-out sessions if it keeps a change, else at the end (two arms).
     assert search_remaining(order, 1, search, incumbent=kept, pending=True, **kw) == pytest.approx(
-        knob + 0.36 * 6 * 3 + 0.64 * 6 * 2)
-    assert search_remaining(order, 2, search, incumbent=kept, pending=True, **kw) == 12
-    assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **kw) == 0
+        knob + 0.36 * 6 * 3 + 0.64 * 6 * 2 + diag)
+    assert search_remaining(order, 2, search, incumbent=kept, pending=True, **kw) == pytest.approx(12 + diag)
+    assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **kw) == pytest.approx(diag)
     # Kept, with nothing reusable (a third arm failed): the final check's 6 pairs are sure.
-    assert search_remaining(order, 2, search, incumbent=kept, **kw) == 12
+    assert search_remaining(order, 2, search, incumbent=kept, **kw) == pytest.approx(12 + diag)
     # A final check of 8 pairs measures the 2 beyond the held-out ones itself.
-    assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **{**kw, "final_pairs": 8}) == 4
-    assert search_remaining(order, 1, search, incumbent=base, **{**kw, "final_pairs": 8}) == pytest.approx(knob + 0.36 * 8 * 2)
+    assert search_remaining(order, 2, search, incumbent=kept, reusable=6, **{**kw, "final_pairs": 8}) == pytest.approx(4 + diag)
+    assert search_remaining(order, 1, search, incumbent=base, **{**kw, "final_pairs": 8}) == pytest.approx(
+        knob + 0.36 * 8 * 2 + 0.36 * diag)
     # After the last knob's screen selected one candidate: its confirmation now, and at half
-    # the held-out pairs of the first kept change at the end.
+    # the held-out pairs of the first kept change at the end, and the diagnosis trial as often.
     after = search_remaining(order, 1, search, incumbent=base, selected=1, **kw)
-    assert after == pytest.approx(2 * 8 + 0.5 * 6 * 2)
+    assert after == pytest.approx(2 * 8 + 0.5 * 6 * 2 + 0.5 * diag)
     assert search_remaining(order, 1, search, incumbent=base, selected=0, **kw) == 0
     # A knob expected to confirm nothing (its gain bounded below the margin) costs its screen only.
     assert search_remaining(order, 1, search, incumbent=base, screen_only=["num_workers"], **kw) == pytest.approx(2 * 1.4)
     assert search_remaining(order, 0, search, incumbent=base, screen_only=["num_workers"], **kw) == pytest.approx(
-        2 * 1.4 + 0.8 * 16 + 2 * 1.4 + 0.36 * 6 * 2)
+        2 * 1.4 + 0.8 * 16 + 2 * 1.4 + 0.36 * 6 * 2 + 0.36 * diag)
     # The three situations (none kept, first kept and owed, settled) over two knobs at 0.5 each.
     assert kept_states((1.0, 0.0, 0.0), [0.5, 0.5]) == [(1.0, 0.0, 0.0), (0.5, 0.5, 0.0), (0.25, 0.5, 0.25)]
 
 
 def test_the_batch_stage_is_expected_to_probe_the_maximum_alone_or_double_and_bisect_where_memory_runs_out():
-    from trainopt.decide.plan import TYPICAL_BISECTION_PROBES, memory_bound, typical_batch_probes
+    from trainopt.decide.plan import (
+        TYPICAL_BISECTION_PROBES,
+        memory_bound,
+        typical_batch_probes,
+    )
 
     assert typical_batch_probes(32, 256, memory_bound=False) == 1  # 256 first, and it fits
     assert typical_batch_probes(32, 1000, memory_bound=False) == 1
@@ -133,6 +140,8 @@ def test_a_compiled_arm_costs_more_than_a_plain_one_and_the_cold_compile_trial_m
     # One-shot trials and screen arms cost more than a plain confirmation arm; a compiled arm
     # costs what it costs whatever its role.
     assert arm_cost(None, "baseline") == 2.4 and arm_cost(None, "probe") == 1.8 and arm_cost(None, "screen") == 1.4
+    # The diagnosis trial of the recommended settings is a one-shot diagnosed process like the baseline's.
+    assert arm_cost(None, "diagnosis") == arm_cost(None, "baseline")
     assert arm_cost({"compile": "default"}, "screen") == 2.6 and arm_cost(None, "confirm") == 1.0
 
 
@@ -241,7 +250,11 @@ def test_reduced_precision_on_a_cpu_without_bf16_instructions_is_expected_to_con
 
 
 def test_a_confirmation_past_a_look_is_counted_from_where_it_stands():
-    from trainopt.decide.plan import CONTINUE_SHARE, confirmation_left, remaining_in_knob
+    from trainopt.decide.plan import (
+        CONTINUE_SHARE,
+        confirmation_left,
+        remaining_in_knob,
+    )
 
     looks = [6, 9, 14]
     # Past the first look: 3 pairs are certain, the last look's 5 only at CONTINUE_SHARE.

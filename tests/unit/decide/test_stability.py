@@ -15,7 +15,13 @@ from tests.fakes import FakeRunner
 from tests.loaded import LoadedMachine, drive_guard, hog, request
 from trainopt.contract.protocol import TrialResult
 from trainopt.contract.session import SessionResult
-from trainopt.decide.stability import Observation, StabilityGuard, final_disagreement, observe, window_noise
+from trainopt.decide.stability import (
+    Observation,
+    StabilityGuard,
+    final_disagreement,
+    observe,
+    window_noise,
+)
 
 POINT_KEYS = {"t_s", "stage", "knob", "role", "samples_per_s", "noise", "stable", "retry", "reason"}
 

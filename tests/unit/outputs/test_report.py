@@ -13,8 +13,19 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT
 from trainopt.decide.stability import Observation, StabilityGuard, final_disagreement
-from trainopt.outputs.report import plots, speedup_rows, write_report, write_speedups_csv
-from trainopt.outputs.report.html import fmt_bytes, fmt_duration, fmt_percent, fmt_rate, fmt_speedup
+from trainopt.outputs.report import (
+    plots,
+    speedup_rows,
+    write_report,
+    write_speedups_csv,
+)
+from trainopt.outputs.report.html import (
+    fmt_bytes,
+    fmt_duration,
+    fmt_percent,
+    fmt_rate,
+    fmt_speedup,
+)
 from trainopt.outputs.report.rows import COLUMNS, FLOAT_COLUMNS, read_speedups_csv
 
 TINY = FIXTURES / "results-tiny"
@@ -191,6 +202,26 @@ def stability_doc(reason_text=""):
     return doc
 
 
+def breakdown_doc(doc=None, device_type="cuda"):
+    """The fixture (or ``doc``) with step breakdowns read by the real verdict: an input-bound
+    baseline, compute-bound recommended settings, and the run-costs advice for a spec's costs."""
+    from tests.fakes import breakdown_of
+    from trainopt.decide import bottleneck, run_costs
+
+    doc = doc or tiny_doc()
+    busy = (lambda share: share) if device_type == "cuda" else (lambda share: None)
+    base = breakdown_of({"data_wait": 0.45, "to_device": 0.05, "forward": 0.2, "backward": 0.2, "optimizer": 0.05},
+                        device_type=device_type, device_busy=busy(0.5))
+    final = breakdown_of({"data_wait": 0.04, "to_device": 0.03, "forward": 0.35, "backward": 0.4, "optimizer": 0.1,
+                          "loss_read": 0.02}, device_type=device_type, device_busy=busy(0.9))
+    doc["diagnosis"] = bottleneck.diagnose(base, doc["baseline"]["data_wait_fraction"])
+    doc["final_diagnosis"] = bottleneck.diagnose(final, 0.04)
+    doc["final_diagnosis_error"] = None
+    doc["run_costs"] = run_costs.advise({"checkpoint_s": 0.005, "eval_s": 30.0, "eval_batches": 20},
+                                        {"checkpoint_every_steps": 1000, "eval_every_steps": 200}, doc["baseline"]["step_time_s"])
+    return doc
+
+
 VARIANTS = {
     "stability": (stability_doc, ["Stability", "The final check disagrees", "6,000 samples/s", "12,956 samples/s",
                                   "verdict marked", "noise-sd below its level", "1 verdict measured on an unstable machine"]),
@@ -202,6 +233,7 @@ VARIANTS = {
     "failed baseline": (failed_baseline_doc, ["The baseline trial failed (error)", "ModuleNotFoundError", "logs/0000-baseline-baseline.log", "Partial results", "No decisions yet"]),
     "partial": (partial_doc, ["Partial results", "Missing: amp, final check", "the final check has not run", "≈ 1.863×"]),
     "compile": (compile_doc, ["Compilation", "42.0 s", "2,000 steps", "never", "5 m 00 s"]),
+    "breakdown": (breakdown_doc, ["Where a step's time goes", "input-bound (data_wait", "compute-bound (", "checkpoint save"]),
 }
 
 
@@ -316,7 +348,7 @@ def _assert_png(path):
 
 @pytest.mark.parametrize("name", list(plots.PLOTS))
 def test_every_plot_of_the_fixture_is_a_png(tmp_path, name):
-    path = plots.PLOTS[name](stability_doc(), tmp_path / name)
+    path = plots.PLOTS[name](breakdown_doc(stability_doc()), tmp_path / name)
     assert path == tmp_path / name
     _assert_png(path)
 
@@ -328,6 +360,11 @@ def test_plots_return_none_when_nothing_to_draw(tmp_path):
     assert plots.window_traces(failed_baseline_doc(), tmp_path / "t.png") is None
     assert plots.stability_trace(tiny_doc(), tmp_path / "st.png") is None
     assert plots.stability_trace({**tiny_doc(), "stability": {"points": []}}, tmp_path / "st.png") is None
+    # No profiled step: a diagnosis from the loader wait alone, none at all, or a breakdown without shares.
+    assert plots.step_breakdown(tiny_doc(), tmp_path / "br.png") is None
+    assert plots.step_breakdown(failed_baseline_doc(), tmp_path / "br.png") is None
+    assert plots.step_breakdown({**tiny_doc(), "diagnosis": {"bottleneck": "compute", "breakdown": {"shares": {}}},
+                                 "final_diagnosis": None}, tmp_path / "br.png") is None
     assert list(tmp_path.iterdir()) == []
 
 
@@ -437,7 +474,7 @@ def test_a_figure_with_nothing_to_draw_is_removed_from_an_earlier_report(tmp_pat
 def test_report_command_end_to_end(tmp_path, cli_env):
     folder = tmp_path / "run"
     shutil.copytree(TINY, folder)
-    (folder / "results.json").write_text(json.dumps(stability_doc()))
+    (folder / "results.json").write_text(json.dumps(breakdown_doc(stability_doc())))
     proc = subprocess.run(
         [sys.executable, "-m", "trainopt", "report", str(folder)], capture_output=True, text=True, env=cli_env, timeout=120
     )
@@ -552,3 +589,92 @@ def test_the_report_says_where_the_trials_ran(tmp_path):
     assert "<td>host-a</td><td>cpu:0</td><td class=\"num\">2</td><td class=\"num\">1</td><td>interleaved</td>" in section
     assert "&lt;host-b&gt;" in section and "<host-b>" not in section
     assert "sequential" in section
+
+
+# ---- where a step's time goes ----------------------------------------------------------------
+
+
+def _panel(html):
+    return re.search(r'<section id="breakdown">(.*?)</section>', html, re.S).group(1)
+
+
+def test_the_breakdown_panel_shows_a_bar_per_configuration_the_verdicts_and_the_run_costs(tmp_path):
+    import html as htmllib
+
+    doc = breakdown_doc()
+    panel = _panel(write_report(tmp_path, doc).read_text(encoding="utf-8"))
+    assert "<h2>Where a step's time goes</h2>" in panel
+    assert panel.count('<img src="data:image/png;base64,') == 1
+    _assert_png(tmp_path / "plots" / "breakdown.png")
+    # Each configuration's verdict with the figure behind it, and the GPU's busy share.
+    for label, key in (("Baseline", "diagnosis"), ("Recommended settings", "final_diagnosis")):
+        d = doc[key]
+        line = re.search(rf'<p class="bottleneck"><strong>{label}:</strong>(.*?)</p>', panel, re.S).group(1)
+        assert htmllib.escape(d["reason"], quote=False) in line
+        assert f"The GPU was busy {fmt_percent(d['breakdown']['device_busy'])} of the wall time." in line
+    assert doc["diagnosis"]["bottleneck"] == "input" and doc["final_diagnosis"]["bottleneck"] == "compute"
+    # One row per phase, one column per configuration.
+    table = re.search(r'<table class="kv" id="phases">(.*?)</table>', panel, re.S).group(1)
+    assert re.findall(r'<th class="num">(.*?)</th>', table) == ["baseline", "recommended settings"]
+    rows = re.findall(r"<tr><td><code>(\w+)</code></td><td class=\"reason\">.*?</td>"
+                      r"<td class=\"num\">(.*?)</td><td class=\"num\">(.*?)</td></tr>", table)
+    base, final = doc["diagnosis"]["breakdown"]["shares"], doc["final_diagnosis"]["breakdown"]["shares"]
+    assert rows == [(p, fmt_percent(base[p]), fmt_percent(final[p])) for p in base]
+    # The run costs: a checkpoint within the budget, an evaluation far beyond it.
+    costs = re.search(r'<table class="kv" id="run-costs">(.*?)</table>', panel, re.S).group(1)
+    cells = re.findall(r"<tr><td>(.*?)</td><td class=\"num\">(.*?)</td><td class=\"num\">(.*?)</td>"
+                       r"<td class=\"num (good|bad)\">(.*?)</td><td class=\"num\">(.*?)</td></tr>", costs)
+    advice = doc["run_costs"]
+    assert advice["checkpoint"]["within_budget"] and not advice["evaluation"]["within_budget"]
+    assert cells == [
+        # A cost under a second in milliseconds: "0.0 s" would hide it.
+        ("checkpoint save", "5.0 ms", "1,000 steps", "good",
+         fmt_percent(advice["checkpoint"]["share"]), f"{advice['checkpoint']['every_steps_for_budget']:,} steps"),
+        ("evaluation pass (20 batches)", fmt_duration(advice["evaluation"]["cost_s"]), "200 steps", "bad",
+         fmt_percent(advice["evaluation"]["share"]), f"{advice['evaluation']['every_steps_for_budget']:,} steps"),
+    ]
+
+
+def test_without_a_breakdown_the_panel_explains_why_and_draws_nothing(tmp_path):
+    # Results written before the profiled window: the loader wait alone decided the verdict.
+    panel = _panel(write_report(tmp_path, tiny_doc()).read_text(encoding="utf-8"))
+    assert "<img" not in panel and 'id="phases"' not in panel and 'id="run-costs"' not in panel
+    assert "No breakdown in these results" in panel
+    assert "input-bound: 43% of each step waits for the DataLoader" in panel
+    assert not (tmp_path / "plots" / "breakdown.png").exists()
+    # A failed baseline: nothing was measured at all.
+    panel = _panel(write_report(tmp_path / "failed", failed_baseline_doc()).read_text(encoding="utf-8"))
+    assert "No breakdown: the baseline was not measured." in panel and "<img" not in panel
+
+
+def test_a_report_drawn_again_without_a_breakdown_drops_the_old_figure(tmp_path):
+    write_report(tmp_path, breakdown_doc())
+    assert (tmp_path / "plots" / "breakdown.png").is_file()
+    write_report(tmp_path, tiny_doc())
+    assert not (tmp_path / "plots" / "breakdown.png").exists()
+
+
+def test_a_failed_diagnosis_of_the_recommended_settings_leaves_the_baseline_s_bar_and_says_why(tmp_path):
+    doc = breakdown_doc(device_type="cpu")
+    doc["final_diagnosis"] = None
+    doc["final_diagnosis_error"] = "the diagnosis trial of the recommended settings failed (oom: fake out of memory)"
+    doc["run_costs"] = None
+    panel = _panel(write_report(tmp_path, doc).read_text(encoding="utf-8"))
+    assert panel.count("<img") == 1
+    assert "<strong>Recommended settings:</strong>" not in panel and "<strong>Baseline:</strong>" in panel
+    assert "No breakdown of the recommended settings: the diagnosis trial of the recommended settings failed (oom" in panel
+    table = re.search(r'<table class="kv" id="phases">(.*?)</table>', panel, re.S).group(1)
+    assert re.findall(r'<th class="num">(.*?)</th>', table) == ["baseline"]
+    # On a CPU there is no device busy share to show, and without a run_costs section no costs.
+    assert "was busy" not in panel and 'id="run-costs"' not in panel
+
+
+def test_breakdown_text_is_escaped(tmp_path):
+    doc = breakdown_doc()
+    doc["diagnosis"]["reason"] = XSS
+    doc["final_diagnosis"]["breakdown"]["shares"][XSS] = 0.0
+    doc["final_diagnosis"]["breakdown"]["device_type"] = XSS
+    doc["final_diagnosis_error"] = XSS
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert XSS not in html and html.count("<script") == 1
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in _panel(html)

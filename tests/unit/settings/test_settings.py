@@ -15,7 +15,11 @@ import trainopt
 from trainopt.errors import UserError
 from trainopt.knobs.catalog import KNOBS, default_settings
 from trainopt.settings.environment_check import TrainSettingsWarning
-from trainopt.settings.production import TrainSettings, load_settings, settings_from_dict
+from trainopt.settings.production import (
+    TrainSettings,
+    load_settings,
+    settings_from_dict,
+)
 from trainopt.settings.record import (
     SettingsError,
     SettingsRecord,

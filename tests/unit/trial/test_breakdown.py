@@ -20,7 +20,13 @@ from trainopt.decide.bottleneck import INPUT_BOUND_THRESHOLD, diagnose
 from trainopt.knobs.catalog import default_settings
 from trainopt.stats.phases import PHASES, covered_seconds
 from trainopt.trial import breakdown
-from trainopt.trial.breakdown import PhaseTimer, device_intervals, nvml_figures, profile_or_none, profile_steps
+from trainopt.trial.breakdown import (
+    PhaseTimer,
+    device_intervals,
+    nvml_figures,
+    profile_or_none,
+    profile_steps,
+)
 from trainopt.trial.ddp_rank import slowest_rank
 from trainopt.trial.measure import Trainer, measure_throughput
 from trainopt.trial.workloads import Workload, cross_entropy

@@ -25,7 +25,12 @@ from trainopt.trial.workloads import (
     resolve_reference,
 )
 from trainopt.trial.workloads import mse as mse_loss
-from trainopt.trial.workloads.data import SyntheticImages, SyntheticTabular, SyntheticTokens, build_dataset
+from trainopt.trial.workloads.data import (
+    SyntheticImages,
+    SyntheticTabular,
+    SyntheticTokens,
+    build_dataset,
+)
 from trainopt.trial.workloads.models import gpt, mlp, resnet18, resnet50
 
 

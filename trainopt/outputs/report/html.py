@@ -343,6 +343,85 @@ def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
     }
 
 
+# What each phase of a profiled step holds (``trainopt.stats.phases.PHASES``), for the panel's table.
+PHASE_TEXT = {
+    "data_wait": "waiting in next() on the DataLoader",
+    "to_device": "copying the batch to the device",
+    "forward": "the model and the loss",
+    "backward": "gradients (and their all-reduce under data parallelism)",
+    "optimizer": "the update and resetting gradients",
+    "loss_read": "reading the loss on the host (waits for the device)",
+    "other": "everything between the phases",
+}
+
+
+def _breakdown_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]:
+    """The "Where a step's time goes" panel: each profiled configuration's phases and verdict, and the run costs."""
+    from trainopt.decide.bottleneck import LABELS
+    from trainopt.outputs.report.plots import breakdown_configs
+    from trainopt.stats.phases import PHASES
+
+    configs = []
+    for label, key in (("Baseline", "diagnosis"), ("Recommended settings", "final_diagnosis")):
+        diagnosis = doc.get(key)
+        if not isinstance(diagnosis, dict) or not diagnosis.get("bottleneck"):
+            continue
+        breakdown = diagnosis.get("breakdown") if isinstance(diagnosis.get("breakdown"), dict) else {}
+        verdict = str(diagnosis.get("bottleneck"))
+        busy = _num(breakdown.get("device_busy"))
+        configs.append({
+            "label": label,
+            # Results written before the reason existed carry the verdict in words only.
+            "verdict": (f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})" if diagnosis.get("reason")
+                        else str(diagnosis.get("text") or LABELS.get(verdict, verdict))),
+            "device_busy": fmt_percent(busy) if busy is not None else None,
+            "device": "GPU" if breakdown.get("device_type") == "cuda" else str(breakdown.get("device_type") or "device"),
+            "steps": breakdown.get("steps") if isinstance(breakdown.get("steps"), int) else None,
+            "profiled": isinstance(breakdown.get("shares"), dict),
+        })
+    profiled = breakdown_configs(doc)
+    names = list(PHASES)
+    for _, diagnosis in profiled:
+        names += [p for p in diagnosis["breakdown"]["shares"] if p not in names]
+    phases = [
+        {
+            "phase": phase,
+            "meaning": PHASE_TEXT.get(phase, ""),
+            "shares": [fmt_percent((d["breakdown"]["shares"]).get(phase)) for _, d in profiled],
+        }
+        for phase in names
+    ] if profiled else []
+    costs = doc.get("run_costs") if isinstance(doc.get("run_costs"), dict) else {}
+    run_costs = []
+    for name, what in (("checkpoint", "checkpoint save"), ("evaluation", "evaluation pass")):
+        c = costs.get(name)
+        if not isinstance(c, dict):
+            continue
+        if name == "evaluation" and isinstance(c.get("eval_batches"), int):
+            what += f" ({c['eval_batches']} batches)"
+        run_costs.append({
+            "what": what,
+            # A checkpoint of a small model takes milliseconds, which "0.0 s" would hide.
+            "cost": (f"{1000 * c['cost_s']:.1f} ms" if _num(c.get("cost_s")) is not None and c["cost_s"] < 1
+                     else fmt_duration(c.get("cost_s"))),
+            "every": _fmt_steps(c.get("every_steps")),
+            "share": fmt_percent(c.get("share")),
+            "within": bool(c.get("within_budget")),
+            "for_budget": _fmt_steps(c.get("every_steps_for_budget")),
+        })
+    final_error = doc.get("final_diagnosis_error")
+    return {
+        "image": image,
+        "configs": configs,
+        "columns": [label for label, _ in profiled],
+        "phases": phases,
+        "profiled": bool(profiled),
+        "final_error": str(final_error) if final_error else "",
+        "run_costs": run_costs,
+        "budget": f"{100 * costs['budget']:.0f}%" if _num(costs.get("budget")) is not None else None,
+    }
+
+
 def _env_rows(env: Any) -> list[tuple[str, str]]:
     if not isinstance(env, dict):
         return []
@@ -515,6 +594,7 @@ def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir:
         "diagnosis": diagnosis.get("text") or "",
         "bottleneck": diagnosis.get("bottleneck") or "",
         "data_wait": fmt_percent(diagnosis.get("data_wait_fraction")) if diagnosis.get("data_wait_fraction") is not None else None,
+        "breakdown": _breakdown_section(doc, inline.get("breakdown.png")),
         "rows": _table_rows(speedup_rows(doc)),
         "speedups_img": inline.get("speedups.png"),
         "waterfall_img": inline.get("waterfall.png"),

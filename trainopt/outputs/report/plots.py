@@ -19,7 +19,8 @@ from trainopt.atomic import write_bytes_atomic
 from trainopt.contract.protocol import FAILED_STATUSES
 from trainopt.outputs.report.rows import format_value
 
-__all__ = ["PLOTS", "speedup_bars", "waterfall", "batch_curve", "window_traces", "stability_trace"]
+__all__ = ["PLOTS", "speedup_bars", "waterfall", "batch_curve", "window_traces", "stability_trace", "step_breakdown",
+           "breakdown_configs"]
 
 KEPT = "#2e7d32"
 REJECTED = "#78909c"
@@ -454,6 +455,85 @@ def stability_trace(doc: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+# One colour per phase of ``trainopt.stats.phases.PHASES``: the loader in orange, the model's
+# own work in blues and green, the host's reads of the loss in red, the rest in grey.
+PHASE_COLOURS = {
+    "data_wait": "#ef6c00",
+    "to_device": "#8d6e63",
+    "forward": "#1565c0",
+    "backward": "#64b5f6",
+    "optimizer": "#2e7d32",
+    "loss_read": "#c62828",
+    "other": "#b0bec5",
+}
+# A segment narrower than this share of the step gets no label inside it (the legend names it).
+_LABEL_MIN_SHARE = 0.06
+
+
+def breakdown_configs(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The configurations whose step was profiled: ``(label, diagnosis)`` for the baseline
+    and the recommended settings, each only when its diagnosis carries phase shares."""
+    out = []
+    for label, key in (("baseline", "diagnosis"), ("recommended settings", "final_diagnosis")):
+        diagnosis = doc.get(key)
+        if not isinstance(diagnosis, dict):
+            continue
+        breakdown = diagnosis.get("breakdown")
+        shares = breakdown.get("shares") if isinstance(breakdown, dict) else None
+        if isinstance(shares, dict) and any(_num(v) for v in shares.values()):
+            out.append((label, diagnosis))
+    return out
+
+
+def step_breakdown(doc: dict[str, Any], path: Path) -> Path | None:
+    """Where a step's time goes: one horizontal stacked bar per profiled configuration.
+
+    Each bar is one step's wall time (100 %), split into the phases of
+    ``trainopt.stats.phases.PHASES`` in the order they run; the baseline and the
+    recommended settings sit one above the other, so a phase that shrank reads at a glance.
+    """
+    configs = breakdown_configs(doc)
+    if not configs:
+        return None
+    from matplotlib.patches import Patch
+
+    from trainopt.decide.bottleneck import LABELS
+    from trainopt.stats.phases import PHASES
+
+    fig = _figure(8.0, 1.7 + 0.75 * len(configs))
+    ax = fig.add_subplot()
+    _style(ax)
+    ax.grid(False, axis="y")
+    # Phase -> colour, in the order first drawn (a phase this version does not know gets a series colour).
+    used: dict[str, str] = {}
+    labels = []
+    for y, (label, diagnosis) in enumerate(configs):
+        shares = diagnosis["breakdown"]["shares"]
+        verdict = diagnosis.get("bottleneck")
+        labels.append(f"{label}\n({LABELS.get(verdict, str(verdict))})")
+        names = [p for p in PHASES if p in shares] + [p for p in shares if p not in PHASES]
+        left = 0.0
+        for phase in names:
+            share = _num(shares.get(phase))
+            if not share or share <= 0:
+                continue
+            colour = used.setdefault(phase, PHASE_COLOURS.get(phase, SERIES[len(used) % len(SERIES)]))
+            ax.barh(y, 100 * share, left=100 * left, color=colour, edgecolor="white", linewidth=0.8, height=0.55)
+            if share >= _LABEL_MIN_SHARE:
+                dark = phase in ("forward", "optimizer", "loss_read", "to_device", "data_wait")
+                ax.annotate(f"{100 * share:.0f}%", (100 * (left + share / 2), y), ha="center", va="center", fontsize=8,
+                            color="white" if dark else "#212121")
+            left += share
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of a training step's wall time (%)")
+    ax.set_yticks(range(len(configs)), labels)
+    ax.set_ylim(len(configs) - 0.5, -0.5)
+    ax.set_title("Where a step's time goes")
+    order = sorted(used, key=lambda p: PHASES.index(p) if p in PHASES else len(PHASES))
+    _legend(fig, [Patch(color=used[phase], label=phase) for phase in order])
+    return _save(fig, path)
+
+
 # File name in plots/ -> function; the report writes them in this order.
 PLOTS = {
     "speedups.png": speedup_bars,
@@ -461,4 +541,5 @@ PLOTS = {
     "batch_size.png": batch_curve,
     "windows.png": window_traces,
     "stability.png": stability_trace,
+    "breakdown.png": step_breakdown,
 }

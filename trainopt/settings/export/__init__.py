@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Callable
 
 from trainopt.errors import UserError
-from trainopt.settings.export import best_yaml, lightning_trainer, plain_torch, training_arguments
+from trainopt.settings.export import (
+    best_yaml,
+    lightning_trainer,
+    plain_torch,
+    training_arguments,
+)
 from trainopt.settings.export.header import header
 from trainopt.settings.production import TrainSettings, load_settings
 

@@ -17,7 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
-from trainopt.contract.reference import WorkloadError, check_kwargs, is_reference, resolve_reference
+from trainopt.contract.reference import (
+    WorkloadError,
+    check_kwargs,
+    is_reference,
+    resolve_reference,
+)
 from trainopt.knobs.kwargs import optimizer_kwargs
 from trainopt.trial.workloads.data import BUILTIN_DATA, build_dataset
 from trainopt.trial.workloads.models import BUILTIN_MODELS
