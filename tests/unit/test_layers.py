@@ -224,3 +224,12 @@ def test_importing_the_orchestrator_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout[:500]
+
+
+def test_unit_tests_mirror_the_layers_with_one_basename_each():
+    # pytest imports test modules by basename, so two test_x.py files in different folders clash.
+    tests = sorted((ROOT / "tests").rglob("test_*.py"))
+    names = [p.name for p in tests]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+    folders = {p.parent.name for p in tests if p.parent.parent == ROOT / "tests" / "unit"}
+    assert folders <= set(ALLOWED) - {"base"}, f"unit test folders that are no layer: {folders - set(ALLOWED)}"
