@@ -1,4 +1,4 @@
-"""Command-line interface: ``trainopt validate | measure | search | report | export``.
+"""Command-line interface: ``trainopt init | validate | measure | search | report | export | env``.
 
 ``main(argv)`` returns the exit code: 0 success, 1 a run failed, 2 bad input, 130/143
 when interrupted by SIGINT/SIGTERM. User mistakes are answered with one clear message,
@@ -8,12 +8,15 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import yaml
 
@@ -210,8 +213,25 @@ def cmd_measure(args) -> int:
 # ---- search ------------------------------------------------------------------------
 
 
-def _summary(doc: dict[str, Any]) -> str:
+def _rates(doc: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The baseline's and the recommended settings' samples/s, as the summary compares them."""
     base = doc.get("baseline") or {}
+    best = doc.get("best") or {}
+    final = doc.get("final") or {}
+    b = final.get("baseline_samples_per_s") or base.get("samples_per_s")
+    a = best.get("samples_per_s")
+    kept_first = next((d for d in doc["decisions"] if d["kept"]), None)
+    if best.get("source") == "first-kept-change" and kept_first and kept_first.get("before_samples_per_s"):
+        # Both figures from the sessions that measured that change, side by side.
+        b = kept_first["before_samples_per_s"]
+    if best.get("source") == "baseline":
+        # The baseline stays: one figure, the baseline's own (the one-shot baseline trial and
+        # the final check's baseline arms are two measurements of the same settings).
+        a = b
+    return b, a
+
+
+def _summary(doc: dict[str, Any]) -> str:
     best = doc.get("best") or {}
     final = doc.get("final") or {}
     lines = [f"search {doc['name']}: {'complete' if doc['complete'] else 'INCOMPLETE'}"]
@@ -221,15 +241,8 @@ def _summary(doc: dict[str, Any]) -> str:
         lines.append(f"bottleneck of the recommended settings: {_bottleneck_text(doc['final_diagnosis'])}")
     elif doc.get("final_diagnosis_error"):
         lines.append(f"bottleneck of the recommended settings: unknown: {doc['final_diagnosis_error']}")
-    b = final.get("baseline_samples_per_s") or base.get("samples_per_s")
-    a = best.get("samples_per_s")
-    kept_first = next((d for d in doc["decisions"] if d["kept"]), None)
-    if best.get("source") == "first-kept-change" and kept_first and kept_first.get("before_samples_per_s"):
-        # Both figures from the sessions that measured that change, side by side.
-        b = kept_first["before_samples_per_s"]
+    b, a = _rates(doc)
     if b and best.get("source") == "baseline":
-        # The baseline stays: one figure, the baseline's own (the one-shot baseline trial and
-        # the final check's baseline arms are two measurements of the same settings).
         lines.append(f"throughput: {b:,.1f} samples/s (the baseline stays); speedup 1.000x")
     elif b and a:
         ci = doc.get("speedup_ci")
@@ -257,6 +270,65 @@ def _summary(doc: dict[str, Any]) -> str:
     for warning in doc.get("warnings") or []:
         lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
+
+
+def _headline(doc: dict[str, Any], out: Path, storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """What ``search --json`` prints: the results document's headline as one JSON-ready dict.
+
+    Args:
+        doc: The results document.
+        out: The output folder.
+        storage: The trial store (``url`` with its password masked, ``study``), when not the default.
+    """
+    best = doc.get("best") or {}
+    b, a = _rates(doc)
+
+    def bottleneck(diagnosis: dict[str, Any] | None) -> dict[str, Any] | None:
+        return {"verdict": diagnosis.get("bottleneck"), "reason": diagnosis.get("reason")} if diagnosis else None
+
+    report = out / "report.html"
+    return {
+        "name": doc["name"],
+        "complete": doc["complete"],
+        "baseline_samples_per_s": b,
+        "best_samples_per_s": a,
+        "speedup": doc.get("speedup"),
+        "speedup_ci": doc.get("speedup_ci"),
+        "n_pairs": best.get("n_pairs", (doc.get("final") or {}).get("n_pairs")),
+        "recommended": {"source": best.get("source"), "reason": best.get("reason"), "settings": best.get("settings")},
+        "kept": [{"knob": d["knob"], "from": d["from"], "to": d["to"], "speedup": d.get("speedup"), "ci": d.get("ci")}
+                 for d in doc["decisions"] if d["kept"]],
+        "bottleneck": {"baseline": bottleneck(doc.get("diagnosis")), "recommended": bottleneck(doc.get("final_diagnosis"))},
+        "warnings": list(doc.get("warnings") or []),
+        "out": str(out),
+        "results": str(out / "results.json"),
+        "report": str(report) if report.exists() else None,
+        "storage": storage,
+    }
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout meanwhile to stderr, child processes' output included.
+
+    ``search --json`` promises one JSON object on stdout: anything a library prints, or a
+    child that inherits the descriptor writes, must not land before it.
+    """
+    sys.stdout.flush()
+    try:
+        saved: int | None = os.dup(1)
+    except OSError:
+        saved = None  # no descriptor 1 at all: nothing can write there
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _write_all(out: Path, doc: dict[str, Any], resolved: dict[str, Any], report: bool = True) -> Path | None:
@@ -295,6 +367,18 @@ def _executor(args, spec, runner):
 
 
 def cmd_search(args) -> int:
+    if not args.json:
+        return _search(args, {})
+    headline: dict[str, Any] = {}
+    with _stdout_to_stderr():
+        code = _search(args, headline)
+    if code == EXIT_OK and headline:
+        print(json.dumps(headline, default=str))
+    return code
+
+
+def _search(args, headline: dict[str, Any]) -> int:
+    """Run the search; on success ``headline`` gets the summary that ``--json`` prints."""
     from trainopt.execute.runner import SubprocessRunner
     from trainopt.outputs.workspace import OutputFolder, default_folder
     from trainopt.search.progress import ConsoleProgress
@@ -304,6 +388,7 @@ def cmd_search(args) -> int:
         TrialStore,
         default_storage_url,
         masked_url,
+        param_space,
     )
 
     spec = _load(args.spec)
@@ -311,7 +396,7 @@ def cmd_search(args) -> int:
     resolved = spec.resolved()
     with OutputFolder(out) as folder:
         url = args.storage or default_storage_url(folder.path)
-        store = TrialStore(url, spec.name, spec.fingerprint(), fresh=args.fresh)
+        store = TrialStore(url, spec.name, spec.fingerprint(), fresh=args.fresh, space=param_space(spec))
         # Where the Optuna study is, so optuna-dashboard (or a resume) can find it; never the password.
         storage = {"url": masked_url(url), "study": spec.name}
         if store.stale:
@@ -326,6 +411,9 @@ def cmd_search(args) -> int:
         def checkpoint(doc):
             doc["storage"] = storage
             _write_all(folder.path, doc, resolved, report=doc["complete"])
+            if doc["complete"]:
+                # Optuna's best trial is the fastest arm measured; the study also says what best.yaml holds.
+                store.record_recommendation(doc.get("best"))
 
         from trainopt.decide.stability import StabilityGuard
 
@@ -360,6 +448,9 @@ def cmd_search(args) -> int:
             progress.close()
             executor.close()
             store.close()
+    headline.update(_headline(doc, folder.path, storage if args.storage else None))
+    if args.json:
+        return EXIT_OK
     print(_summary(doc))
     if args.storage:
         print(f"store: study {storage['study']!r} in {storage['url']}")
@@ -393,28 +484,168 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
+# ---- init / env ----------------------------------------------------------------------
+
+# The starter specs shipped in the package (trainopt/starter/NAME.yaml), by built-in model.
+STARTERS = ("mlp", "resnet18", "gpt")
+
+
+def starter_text(model: str) -> str:
+    """The commented starter spec for a built-in ``model`` (one of ``STARTERS``)."""
+    from importlib.resources import files
+
+    return (files("trainopt") / "starter" / f"{model}.yaml").read_text(encoding="utf-8")
+
+
+def cmd_init(args) -> int:
+    path = Path(args.path)
+    if path.exists() or path.is_symlink():
+        return _fail(f"{path} already exists; give another path (trainopt init --model {args.model} NEW.yaml) or remove it first")
+    try:
+        # "x": never replace a file that appeared since the check above.
+        with open(path, "x", encoding="utf-8") as fh:
+            fh.write(starter_text(args.model))
+    except FileExistsError:
+        return _fail(f"{path} already exists; give another path or remove it first")
+    except OSError as exc:
+        return _fail(f"cannot write {path}: {exc.strerror or exc}; check that its folder exists and is writable")
+    print(f"wrote {path}: a starter spec for the built-in {args.model} model (its name: {path.stem})")
+    print(f"next: trainopt validate {path}  then  trainopt measure {path}  then  trainopt search {path}")
+    return EXIT_OK
+
+
+# How long reading the fingerprint may take: importing torch on a cold disk can take a while.
+ENV_TIMEOUT_S = 180.0
+
+
+def environment_fingerprint(device: str = "auto", timeout_s: float = ENV_TIMEOUT_S) -> dict[str, Any]:
+    """This machine's environment fingerprint, read in a child process as a trial reads it.
+
+    This process never imports torch, so the fingerprint comes from ``python -m`` of the
+    module ``boundary.ENV_REPORT_MODULE`` names, answering in a JSON file.
+
+    Args:
+        device: The spec's device field (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+        timeout_s: Limit for the child.
+
+    Raises:
+        UserError: The device is not available here.
+        RuntimeError: The child failed or did not answer in time (the message names its log).
+    """
+    from trainopt.atomic import write_json_atomic
+    from trainopt.contract.boundary import ENV_REPORT_MODULE
+    from trainopt.errors import UserError
+    from trainopt.execute.runner import classify_exit, run_child
+
+    with tempfile.TemporaryDirectory(prefix="trainopt-env-") as tmp:
+        folder = Path(tmp)
+        request, answer_path, log = folder / "request.json", folder / "answer.json", folder / "env.log"
+        write_json_atomic(request, {"device": device, "answer_path": str(answer_path)})
+        end = run_child(ENV_REPORT_MODULE, request, log, timeout_s)
+        try:
+            answer = json.loads(answer_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            what = f"did not finish within {timeout_s:g} s" if end.timed_out else classify_exit(end.returncode, "the child")
+            raise RuntimeError(f"reading the environment fingerprint failed: {what}\n{tail}") from None
+    if answer.get("device_unavailable"):
+        raise UserError(f"--device {device}: {answer['error']}")
+    if "env" not in answer:
+        raise RuntimeError(f"reading the environment fingerprint failed: {answer.get('error')}")
+    return answer["env"]
+
+
+def _cpu_ranges(cpus: Sequence[int]) -> str:
+    """``0-3,6`` for [0, 1, 2, 3, 6]."""
+    parts, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(cpu)
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
+def _env_text(env: dict[str, Any]) -> str:
+    lines = []
+    for key, value in env.items():
+        if key == "cpu_set" and isinstance(value, list):
+            value = f"{_cpu_ranges(value)} ({len(value)} CPUs)"
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "(none)"
+        elif value is None:
+            value = "n/a"
+        lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def cmd_env(args) -> int:
+    try:
+        env = environment_fingerprint(args.device)
+    except RuntimeError as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    print(json.dumps(env, indent=1, default=str) if args.json else _env_text(env))
+    return EXIT_OK
+
+
 # ---- main ----------------------------------------------------------------------------
+
+EXIT_CODES = """exit codes:
+  0        success
+  1        a run failed (a trial, the search, or reading the environment)
+  2        bad input: a bad spec, file, flag or output folder (one message, no traceback)
+  130/143  interrupted by SIGINT (Ctrl-C) / SIGTERM; finished trials are kept"""
+
+
+def _epilog(*examples: str) -> str:
+    return "examples:\n" + "\n".join(f"  {e}" for e in examples) + "\n\n" + EXIT_CODES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="trainopt", description="Find, with evidence, which training-speed settings make your training faster.")
-    p.add_argument("--version", action="version", version=f"trainopt {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = _Parser(
+        prog="trainopt",
+        description="Find, with evidence, which training-speed settings make your training faster.",
+        epilog=_epilog("trainopt init --model resnet18 spec.yaml", "trainopt search spec.yaml --out runs/demo"),
+        formatter_class=fmt,
+    )
+    p.add_argument("--version", action="version", version=f"trainopt {__version__}", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                           help="what to do (trainopt COMMAND --help for its options)")
 
-    v = sub.add_parser("validate", help="check a spec and print it with every default filled in")
-    v.add_argument("spec")
+    def command(name: str, help: str, examples: tuple[str, str]) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", epilog=_epilog(*examples),
+                              formatter_class=fmt)
+
+    i = command("init", "write a commented starter spec for a built-in model",
+                ("trainopt init", "trainopt init --model gpt runs/gpt.yaml"))
+    i.add_argument("path", nargs="?", default="spec.yaml", metavar="PATH",
+                   help="where to write it; never overwritten (default: spec.yaml); its file name is the run's name")
+    i.add_argument("--model", choices=STARTERS, default="mlp",
+                   help="the built-in model the spec trains on synthetic data: mlp (default; minutes on a CPU), "
+                        "resnet18 (images) or gpt (tokens); edit model and data to measure your own")
+    i.set_defaults(func=cmd_init)
+
+    v = command("validate", "check a spec and print it with every default filled in",
+                ("trainopt validate spec.yaml", "trainopt validate configs/resnet.yaml > resolved.yaml"))
+    v.add_argument("spec", metavar="SPEC", help="the spec's YAML file")
     v.set_defaults(func=cmd_validate)
 
-    m = sub.add_parser("measure", help="measure one configuration in an isolated process")
-    m.add_argument("spec")
+    m = command("measure", "measure one configuration in an isolated process",
+                ("trainopt measure spec.yaml", "trainopt measure spec.yaml --set batch_size=128 --set amp=bf16 --json"))
+    m.add_argument("spec", metavar="SPEC", help="the spec's YAML file; its baseline is measured")
     m.add_argument("--set", action="append", metavar="KNOB=VALUE", help="override a baseline knob (repeatable)")
     m.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
-    m.add_argument("--out", help="folder for the result, log and resolved spec")
+    m.add_argument("--out", metavar="DIR", help="folder for the result, log and resolved spec "
+                                               "(default: runs/<name>/measure/<time>)")
     m.set_defaults(func=cmd_measure)
 
-    s = sub.add_parser("search", help="change one knob at a time and keep only confirmed speedups")
-    s.add_argument("spec")
-    s.add_argument("--out", help="output folder (default runs/<name>)")
+    s = command("search", "change one knob at a time and keep only confirmed speedups",
+                ("trainopt search spec.yaml", "trainopt search spec.yaml --parallel 2 --json > summary.json"))
+    s.add_argument("spec", metavar="SPEC", help="the spec's YAML file: the baseline and the knobs to try")
+    s.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>); re-running into it resumes")
     s.add_argument(
         "--storage",
         metavar="URL",
@@ -426,16 +657,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     scaling.add_options(s)
     s.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
+    s.add_argument("--json", action="store_true",
+                   help="print the final summary as one JSON object on stdout (name, complete, baseline and best "
+                        "samples/s, speedup and its interval, kept changes, bottleneck, output folder) and nothing "
+                        "else there; progress stays on stderr")
     s.set_defaults(func=cmd_search)
 
-    r = sub.add_parser("report", help="regenerate the CSV, HTML report and plots from stored results")
-    r.add_argument("dir")
+    r = command("report", "regenerate the CSV, HTML report and plots from stored results",
+                ("trainopt report runs/resnet18-cifar", "trainopt report runs/resnet18-cifar/results.json"))
+    r.add_argument("dir", metavar="DIR", help="a search output folder (or its results.json)")
     r.set_defaults(func=cmd_report)
 
-    e = sub.add_parser("export", help="print the winning settings for plain PyTorch, Lightning, HF or YAML")
-    e.add_argument("dir", help="a search output folder or a best.yaml")
-    e.add_argument("--format", choices=["torch", "lightning", "hf", "yaml"], default="torch")
+    e = command("export", "print the winning settings for plain PyTorch, Lightning, HF or YAML",
+                ("trainopt export runs/resnet18-cifar", "trainopt export runs/resnet18-cifar/best.yaml --format lightning"))
+    e.add_argument("dir", metavar="DIR", help="a search output folder or a best.yaml")
+    e.add_argument("--format", choices=["torch", "lightning", "hf", "yaml"], default="torch",
+                   help="torch: code for a plain PyTorch loop (default); lightning: Trainer(...) keyword arguments; "
+                        "hf: TrainingArguments(...) keyword arguments; yaml: the settings as YAML")
     e.set_defaults(func=cmd_export)
+
+    n = command("env", "print the environment fingerprint that every result records",
+                ("trainopt env", "trainopt env --device cuda:1 --json"))
+    n.add_argument("--json", action="store_true", help="print one JSON object instead of one line per field")
+    n.add_argument("--device", default="auto", metavar="DEVICE",
+                   help="the device to describe, as a spec's device field: auto (default), cpu, cuda or cuda:N")
+    n.set_defaults(func=cmd_env)
     return p
 
 

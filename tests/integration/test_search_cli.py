@@ -105,6 +105,17 @@ def test_search_writes_every_output_and_a_loadable_best_yaml(tmp_path, cli_env):
 
     s = trainopt.load_settings(out / "best.yaml", warn=False)
     assert s.settings == doc["best"]["settings"]
+    # The study that CLI search leaves is one Optuna reads: the varied knobs as params, the recommendation marked.
+    import optuna
+
+    study = optuna.load_study(study_name=doc["name"], storage=f"sqlite:///{out / 'trials.db'}")
+    assert {"params_batch_size", "params_amp", "params_pin_memory"} <= set(study.trials_dataframe().columns)
+    measured = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert measured and all(set(t.params) == {"batch_size", "amp", "pin_memory"} for t in measured)
+    assert study.user_attrs["recommended_settings"] == doc["best"]["settings"]
+    assert study.user_attrs["recommended_trials"]
+    assert all(json.loads(study.trials[n].user_attrs["result"])["settings"] == doc["best"]["settings"]
+               for n in study.user_attrs["recommended_trials"])
 
 
 def test_kill_9_mid_search_then_resume_loses_and_duplicates_nothing(tmp_path, cli_env):
@@ -275,3 +286,20 @@ def test_measure_json_says_where_a_step_s_time_goes(tmp_path, cli_env):
                            capture_output=True, text=True, env=cli_env, timeout=300)
     assert human.returncode == 0, human.stderr[-3000:]
     assert "where a step's time goes: " in human.stdout and " → " in human.stdout
+
+
+def test_search_json_prints_one_object_and_nothing_else_on_stdout(tmp_path, cli_env):
+    spec = spec_file(tmp_path, search={"amp": ["off", "bf16"]})
+    out = tmp_path / "out"
+    proc = subprocess.run(search_cmd(spec, out, "--json"), capture_output=True, text=True, env=cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head = json.loads(proc.stdout)  # the whole of stdout is one JSON object
+    assert proc.stdout.strip().count("\n") == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert head["name"] == doc["name"] and head["complete"] is True and head["out"] == str(out)
+    assert head["speedup"] == doc["speedup"] and head["speedup_ci"] == doc["speedup_ci"]
+    assert head["baseline_samples_per_s"] > 0 and head["best_samples_per_s"] > 0
+    assert head["kept"] == [{"knob": d["knob"], "from": d["from"], "to": d["to"], "speedup": d["speedup"], "ci": d["ci"]}
+                            for d in doc["decisions"] if d["kept"]]
+    assert head["bottleneck"]["baseline"]["verdict"] == doc["diagnosis"]["bottleneck"]
+    assert "baseline" in proc.stderr  # progress still goes to stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 
 import pytest
 
@@ -84,3 +85,35 @@ def test_spec_names_cannot_steer_where_results_are_written(name):
     path = default_folder(name)
     assert path.parts[0] == "runs" and len(path.parts) == 2
     assert ".." not in path.parts and not path.parts[1].startswith(".")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_get_the_mode_the_umask_gives_a_plain_file(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        assert atomic.current_umask() == umask
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+        target = tmp_path / "results.json"
+        atomic.write_json_atomic(target, {"v": 1})
+        atomic.write_json_atomic(target, {"v": 2})  # replacing keeps it too
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(target.stat().st_mode) == mode == stat.S_IMODE(plain.stat().st_mode)
+
+
+def test_the_umask_is_read_without_changing_it_where_proc_is_missing(tmp_path, monkeypatch):
+    previous = os.umask(0o027)
+    real_open = open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr("builtins.open", no_proc)
+        assert atomic.current_umask() == 0o027
+        assert os.umask(0o027) == 0o027  # left as it was
+    finally:
+        os.umask(previous)

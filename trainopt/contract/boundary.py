@@ -18,6 +18,7 @@ __all__ = [
     "TORCHRUN_MODULE",
     "DDP_RANK_MODULE",
     "REFCHECK_MODULE",
+    "ENV_REPORT_MODULE",
     "ENTRY_MODULES",
     "ARM_PRELOAD",
     "COMPILER_PRELOAD",
@@ -40,7 +41,9 @@ TORCHRUN_MODULE = "trainopt.trial.torchrun"
 DDP_RANK_MODULE = "trainopt.trial.ddp_rank"
 # Resolves a spec's ``module:callable`` references away from the orchestrator's process.
 REFCHECK_MODULE = "trainopt.trial.refcheck"
-ENTRY_MODULES = (WORKER_MODULE, FORKSERVER_MODULE, TORCHRUN_MODULE, DDP_RANK_MODULE, REFCHECK_MODULE)
+# This machine's environment fingerprint for ``trainopt env``: ``python -m trainopt.trial.env_report REQUEST.json``.
+ENV_REPORT_MODULE = "trainopt.trial.env_report"
+ENTRY_MODULES = (WORKER_MODULE, FORKSERVER_MODULE, TORCHRUN_MODULE, DDP_RANK_MODULE, REFCHECK_MODULE, ENV_REPORT_MODULE)
 
 # Imported by the fork server before its first fork: everything an arm needs that is slow to import.
 ARM_PRELOAD = ("torch", "torch._dynamo", "trainopt.trial.measure", "trainopt.trial.workloads",

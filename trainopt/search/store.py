@@ -10,6 +10,13 @@ The study lives wherever its SQLAlchemy URL points: an SQLite file in the output
 by default, or a PostgreSQL database (``--storage postgresql+psycopg2://...``) that
 optuna-dashboard can read while the search runs. A URL that cannot be used is a
 ``StorageError`` naming the URL with its password masked and how to fix it.
+
+So that Optuna's own tools (``trials_dataframe``, parameter importances, optuna-dashboard)
+can read the study, every finished trial carries the knobs the search varies as params,
+each with one distribution for the whole study (``param_space``); what a trial is for
+(its key, role, knob, session and result) stays in user attributes. Optuna's own best
+trial is the fastest arm measured, which is not the recommendation: that is kept in the
+study's user attributes (``record_recommendation``).
 """
 
 from __future__ import annotations
@@ -21,15 +28,24 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import optuna
 import sqlalchemy.exc
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    IntDistribution,
+    distribution_to_json,
+    json_to_distribution,
+)
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
 from trainopt.contract.protocol import SCHEMA_VERSION, TrialResult
+from trainopt.decide.plan import settings_hash
 from trainopt.errors import UserError
+from trainopt.knobs.catalog import format_value
 
 __all__ = [
     "TrialStore",
@@ -40,6 +56,8 @@ __all__ = [
     "default_storage_url",
     "masked_url",
     "open_storage",
+    "param_space",
+    "param_value",
     "storage_problem",
     "study_lock_key",
 ]
@@ -78,6 +96,72 @@ CONNECT_TIMEOUT_S = 10
 # too much is harmless, showing a password is not.
 _USERINFO_PASSWORD = re.compile(r"^([^:/@?]*://[^:/@?]*):.*@(?=[^@]*$)")
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+
+
+# The study user attribute that keeps the params' distributions, so a resumed search gives
+# its new trials the same ones as the first run gave its trials.
+SPACE_ATTR = "param_space"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def param_space(spec: Any) -> dict[str, BaseDistribution]:
+    """The Optuna distribution of every knob the search varies, fixed for the study's life.
+
+    Optuna refuses a param whose categorical choices differ from the ones an earlier trial
+    of the study stored under that name, so each distribution must cover every value the
+    search can give the knob before the first trial runs:
+
+    * a listed knob: one categorical over the baseline's value and the spec's candidates;
+      integers stay numbers (sorted), any other knob's values are the text YAML writes
+      (``true``, ``null``, ``bf16``), so a column never mixes types;
+    * ``batch_size``: the sizes come from memory probes, unknown in advance, so an integer
+      range from 1 to ``search.batch_size.max`` (no probe or candidate exceeds it);
+    * ``grad_accum`` when ``limits.effective_batch`` ties it to ``batch_size``: an integer
+      range from 1 to the effective batch.
+
+    Knobs the search never changes are left out: a constant explains nothing.
+
+    Args:
+        spec: The validated spec (``baseline``, ``search``, ``limits``, ``batch_search``).
+    """
+    baseline = dict(spec.baseline)
+    space: dict[str, BaseDistribution] = {}
+    for name, candidates in spec.search.items():
+        if name == "batch_size":
+            space[name] = IntDistribution(1, max(int(spec.batch_search.max), int(baseline[name])))
+            continue
+        values: list[Any] = []
+        for value in [baseline.get(name), *candidates]:
+            if value not in values:
+                values.append(value)
+        if all(_is_int(v) for v in values):
+            space[name] = CategoricalDistribution(sorted(values))
+        else:
+            space[name] = CategoricalDistribution([format_value(v) for v in values])
+    effective = spec.limits.effective_batch
+    if "batch_size" in spec.search and effective is not None:
+        space["grad_accum"] = IntDistribution(1, max(int(effective), int(baseline.get("grad_accum") or 1)))
+    return space
+
+
+def param_value(distribution: BaseDistribution, value: Any) -> Any:
+    """``value`` as the param of ``distribution`` stores it, or None when it lies outside it.
+
+    Args:
+        distribution: The knob's distribution from ``param_space``.
+        value: The knob's value in a trial's settings.
+    """
+    if isinstance(distribution, IntDistribution):
+        return value if _is_int(value) and distribution.low <= value <= distribution.high else None
+    if isinstance(distribution, CategoricalDistribution):
+        if all(_is_int(c) for c in distribution.choices):
+            return value if _is_int(value) and value in distribution.choices else None
+        shown = format_value(value)
+        return shown if shown in distribution.choices else None
+    return None
 
 
 def default_storage_url(out_dir: Path) -> str:
@@ -275,9 +359,14 @@ class TrialStore:
         spec_fingerprint: Content hash of the resolved spec; a stored study made from
             another spec is refused unless ``fresh``.
         fresh: Delete any stored study of that name and start over.
+        space: The params' distributions (``param_space(spec)``). A study keeps the space
+            it was first given, so every trial's params stay valid together; a study made
+            without one (as every study was before params were stored) takes this one from
+            its next trial on. None with no stored space: trials get no params.
     """
 
-    def __init__(self, url: str, study_name: str, spec_fingerprint: str, fresh: bool = False):
+    def __init__(self, url: str, study_name: str, spec_fingerprint: str, fresh: bool = False,
+                 space: Mapping[str, BaseDistribution] | None = None):
         self.url = url
         self.study_name = study_name
         storage = open_storage(url)
@@ -303,12 +392,26 @@ class TrialStore:
                 f"(stored {stored}, now {spec_fingerprint}); use --fresh to start over, or another --out "
                 f"(with --storage: another spec name or another --storage)"
             )
+        self.space = self._space(space)
         self.stale = self._retire_stale()
         self._done: dict[str, TrialResult] = {}
         self._records: list[dict[str, Any]] = []
         for t in self.study.get_trials(deepcopy=False):
             if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "result" in t.user_attrs and not t.user_attrs.get("stale"):
                 self._remember(t.user_attrs, t.number)
+
+    def _space(self, given: Mapping[str, BaseDistribution] | None) -> dict[str, BaseDistribution]:
+        """The study's stored space, or ``given`` stored now when it has none."""
+        stored = self.study.user_attrs.get(SPACE_ATTR)
+        if isinstance(stored, dict):
+            try:
+                return {name: json_to_distribution(text) for name, text in stored.items()}
+            except (ValueError, TypeError, KeyError):
+                pass  # unreadable: the trials' own distributions still guard the study
+        if not given:
+            return {}
+        self.study.set_user_attr(SPACE_ATTR, {name: distribution_to_json(d) for name, d in given.items()})
+        return dict(given)
 
     def _retire_stale(self) -> int:
         """Mark trials left RUNNING by a killed search as failed-and-stale.
@@ -354,6 +457,10 @@ class TrialStore:
             trial = self.study.ask()
             trial.set_user_attr("key", key)
             trial.set_user_attr("meta", json.dumps(meta, default=str))
+            # One attribute per field as well, so a dashboard shows and filters by them.
+            for field in ("role", "knob", "stage"):
+                if meta.get(field) is not None:
+                    trial.set_user_attr(field, str(meta[field]))
         except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
             raise _lost(self.url, exc) from None
         return trial
@@ -370,6 +477,10 @@ class TrialStore:
         try:
             trial.set_user_attr("result", payload)
             trial.set_user_attr("status", result.status)
+            session = (result.session or {}).get("id")
+            if session:
+                trial.set_user_attr("session", str(session))
+            self._set_params(trial, result.settings or {})
             if result.ok and result.samples_per_s is not None:
                 self.study.tell(trial, result.samples_per_s)
             else:
@@ -377,6 +488,43 @@ class TrialStore:
         except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
             raise _lost(self.url, exc) from None
         self._remember({"key": key, "meta": json.dumps(meta, default=str), "result": payload}, trial.number)
+
+    def _set_params(self, trial: optuna.trial.Trial, settings: Mapping[str, Any]) -> None:
+        """The trial's knobs as params; a value outside the study's space is left out, not forced."""
+        for name, distribution in self.space.items():
+            if name not in settings:
+                continue
+            value = param_value(distribution, settings[name])
+            if value is None:
+                continue
+            self.storage.set_trial_param(trial._trial_id, name, distribution.to_internal_repr(value), distribution)
+
+    def record_recommendation(self, best: Mapping[str, Any] | None) -> None:
+        """Mark the recommended settings on the study, with the finished trials that measured them.
+
+        Optuna's own best trial is the fastest arm any session measured, often a noisy draw
+        of a change that was not kept; the recommendation is what ``best.yaml`` holds.
+
+        Args:
+            best: The results document's ``best`` (``settings``, ``source``, ...), or None.
+
+        Raises:
+            StoreLost: The database cannot be reached any more, or the study's lock was lost.
+        """
+        if not best or not best.get("settings"):
+            return
+        wanted = settings_hash(best["settings"])
+        numbers = sorted(
+            r["number"] for r in self._records
+            if r["result"].ok and r["result"].samples_per_s is not None and settings_hash(r["result"].settings or {}) == wanted
+        )
+        self._check_lock()
+        try:
+            self.study.set_user_attr("recommended_settings", dict(best["settings"]))
+            self.study.set_user_attr("recommended_source", best.get("source"))
+            self.study.set_user_attr("recommended_trials", numbers)
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+            raise _lost(self.url, exc) from None
 
     def close(self) -> None:
         """Let other searches use the study (also happens when the process ends)."""
