@@ -20,7 +20,11 @@ from typing import Any, Callable, Mapping
 
 from trainopt.errors import UserError
 
-__all__ = ["WorkloadError", "resolve_reference", "check_kwargs", "is_reference"]
+__all__ = ["REFERENCE_PATTERN", "WorkloadError", "resolve_reference", "check_kwargs", "is_reference"]
+
+# What a reference looks like as written in a spec or a best.yaml: ``target:attribute``,
+# the attribute a (dotted) identifier; resolving it is what proves it names something.
+REFERENCE_PATTERN = re.compile(r"^[^\s:]+:[A-Za-z_][A-Za-z0-9_.]*$")
 
 
 class WorkloadError(UserError):
@@ -56,7 +60,7 @@ def _import_error(field: str, ref: str, what: str, exc: BaseException, hint: str
     return WorkloadError(f"{field} {ref!r}: {what} could not be imported ({detail}); {hint}")
 
 
-def _import_module(name: str, ref: str, source_dir: Path, field: str) -> ModuleType:
+def _import_module(name: str, ref: str, source_dir: Path, field: str, base: str = "the spec's folder") -> ModuleType:
     _put_first_on_path(source_dir)
     # A module written after this process looked at its folder would otherwise be missed.
     importlib.invalidate_caches()
@@ -65,7 +69,7 @@ def _import_module(name: str, ref: str, source_dir: Path, field: str) -> ModuleT
     except (Exception, SystemExit) as exc:
         missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
         if missing and (name == missing or name.startswith(missing + ".")):
-            hint = f"check the module name; it is looked up from {source_dir} (the spec's folder) and sys.path"
+            hint = f"check the module name; it is looked up from {source_dir} ({base}) and sys.path"
         else:
             hint = "fix the error in that module (its traceback is in the trial log)"
         raise _import_error(field, ref, f"module {name!r}", exc, hint) from exc
@@ -79,7 +83,7 @@ def _module_name_for(path: Path) -> str:
     return f"trainopt_user_{stem}_{digest}"
 
 
-def _load_file(target: str, ref: str, source_dir: Path, field: str) -> ModuleType:
+def _load_file(target: str, ref: str, source_dir: Path, field: str, base: str = "the spec's folder") -> ModuleType:
     path = Path(target).expanduser()
     if not path.is_absolute():
         path = source_dir / path
@@ -87,7 +91,7 @@ def _load_file(target: str, ref: str, source_dir: Path, field: str) -> ModuleTyp
     if not path.is_file():
         raise WorkloadError(
             f"{field} {ref!r}: file {str(path)!r} does not exist; "
-            f"relative paths start at {source_dir} (the spec's folder)"
+            f"relative paths start at {source_dir} ({base})"
         )
     name = _module_name_for(path)
     if name in sys.modules:
@@ -120,7 +124,9 @@ def _public_callables(module: Any, limit: int = 8) -> str:
     return f"it defines: {shown}"
 
 
-def resolve_reference(ref: str, source_dir: Path, field: str = "model.name") -> Callable[..., Any]:
+def resolve_reference(
+    ref: str, source_dir: Path, field: str = "model.name", base: str = "the spec's folder"
+) -> Callable[..., Any]:
     """Import the callable that a spec reference names.
 
     Args:
@@ -129,6 +135,7 @@ def resolve_reference(ref: str, source_dir: Path, field: str = "model.name") -> 
         source_dir: The spec's folder. It goes first on ``sys.path`` and relative file
             paths start there, so code kept next to the spec is found.
         field: The spec field the reference came from, used in error messages.
+        base: What ``source_dir`` is, as messages name it.
 
     Returns:
         The callable.
@@ -140,10 +147,10 @@ def resolve_reference(ref: str, source_dir: Path, field: str = "model.name") -> 
     source_dir = Path(source_dir).resolve()
     target, attr = _split(ref, field)
     if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _load_file(target, ref, source_dir, field)
+        module = _load_file(target, ref, source_dir, field, base)
         where = f"file {target!r}"
     else:
-        module = _import_module(target, ref, source_dir, field)
+        module = _import_module(target, ref, source_dir, field, base)
         where = f"module {target!r}"
     obj: Any = module
     walked: list[str] = []

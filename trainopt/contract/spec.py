@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from trainopt.contract import distributed as dist_mod
+from trainopt.contract.reference import REFERENCE_PATTERN
 from trainopt.errors import UserError
 from trainopt.knobs import catalog as knobs
 
@@ -37,15 +38,20 @@ __all__ = [
     "BUILTIN_DATA",
     "BUILTIN_LOSSES",
     "BUILTIN_OPTIMIZERS",
+    "DEFAULT_LOSS",
+    "MODEL_LOSS",
 ]
 
 BUILTIN_MODELS = ("resnet18", "resnet50", "mlp", "gpt")
 BUILTIN_DATA = ("synthetic-images", "synthetic-tokens", "synthetic-tabular")
 BUILTIN_LOSSES = ("cross_entropy", "mse")
 BUILTIN_OPTIMIZERS = ("sgd", "adam", "adamw")
+# ``loss: model``: the model computes its own loss from the whole batch.
+MODEL_LOSS = "model"
+DEFAULT_LOSS = "cross_entropy"
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-_REF_RE = re.compile(r"^[^\s:]+:[A-Za-z_][A-Za-z0-9_.]*$")
+_REF_RE = REFERENCE_PATTERN
 
 
 class SpecError(UserError):
@@ -74,6 +80,12 @@ def _ref_or_builtin(value: str, builtins: tuple[str, ...], what: str) -> str:
     )
 
 
+def _reference_only(value: str | None, what: str) -> str | None:
+    if value is None or _REF_RE.match(value):
+        return value
+    raise ValueError(f"{value!r} is not a 'module:callable' or 'path/file.py:callable' reference to {what}")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -93,10 +105,19 @@ class ModelSection(Component):
 
 
 class DataSection(Component):
+    """The data set, and optionally the ``collate_fn`` that batches its items."""
+
+    collate: str | None = None
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return _ref_or_builtin(v, BUILTIN_DATA, "data set")
+
+    @field_validator("collate")
+    @classmethod
+    def _collate(cls, v: str | None) -> str | None:
+        return _reference_only(v, "a collate function collate(items) -> batch")
 
 
 class OptimizerSection(Component):
@@ -201,7 +222,7 @@ class Spec(_Strict):
     device: str = "auto"
     model: ModelSection
     data: DataSection
-    loss: str = "cross_entropy"
+    loss: str = DEFAULT_LOSS
     optimizer: OptimizerSection = OptimizerSection(name="sgd", args={"lr": 0.1, "momentum": 0.9})
     baseline: dict[str, Any] = Field(default_factory=knobs.default_settings)
     search: dict[str, Any] = Field(default_factory=dict)
@@ -212,6 +233,8 @@ class Spec(_Strict):
     run_costs: RunCostsSection | None = None
     run_length_steps: int = Field(100_000, ge=1, le=10**12)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    # The user's forward and loss, ``step(model, batch) -> loss``; trainopt keeps the rest.
+    step: str | None = None
 
     _source_dir: str = PrivateAttr(default=".")
 
@@ -225,11 +248,25 @@ class Spec(_Strict):
     @field_validator("loss")
     @classmethod
     def _loss(cls, v: str) -> str:
-        return _ref_or_builtin(v, BUILTIN_LOSSES, "loss")
+        return _ref_or_builtin(v, BUILTIN_LOSSES + (MODEL_LOSS,), "loss")
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, v: str | None) -> str | None:
+        return _reference_only(v, "a function step(model, batch) -> loss")
 
     def resolved(self) -> dict[str, Any]:
-        """The spec with every default filled in, as plain data (YAML/JSON-ready)."""
-        return self.model_dump(mode="json")
+        """The spec with every default filled in, as plain data (YAML/JSON-ready).
+
+        ``step`` and ``data.collate`` appear only when set, so a spec that uses neither
+        resolves (and fingerprints) exactly as it did before they existed.
+        """
+        out = self.model_dump(mode="json")
+        if out.get("step") is None:
+            out.pop("step", None)
+        if out["data"].get("collate") is None:
+            out["data"].pop("collate", None)
+        return out
 
     def fingerprint(self) -> str:
         """A short content hash of the resolved spec; changes when the spec changes."""
@@ -379,8 +416,13 @@ def _divisor_fix(eff: int, batch_size: int, field: str) -> str:
 
 
 def _cross_checks(spec: Spec) -> list[str]:
-    """Rules between fields: the effective batch against the baseline and the search."""
+    """Rules between fields: step against loss, the effective batch against the baseline and the search."""
     problems = []
+    if spec.step is not None and spec.loss != DEFAULT_LOSS:
+        problems.append(
+            f"step: {spec.step!r} computes the loss itself, so loss {spec.loss!r} would never be used; "
+            f"remove loss (or remove step and let loss compute it)"
+        )
     eff = spec.limits.effective_batch
     b = spec.baseline
     if eff is not None:

@@ -37,10 +37,12 @@ def spec_references(spec: Any) -> list[tuple[str, str]]:
     fields = (
         ("model.name", spec.model.name),
         ("data.name", spec.data.name),
+        ("data.collate", spec.data.collate),
         ("loss", spec.loss),
+        ("step", spec.step),
         ("optimizer.name", spec.optimizer.name),
     )
-    return [(field, ref) for field, ref in fields if is_reference(ref)]
+    return [(field, ref) for field, ref in fields if ref is not None and is_reference(ref)]
 
 
 def check_references(spec: Any, timeout_s: float | None = None) -> None:

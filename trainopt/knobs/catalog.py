@@ -19,6 +19,7 @@ __all__ = [
     "coerce_value",
     "not_applicable_reason",
     "distributed_reason",
+    "channels_last_reason",
     "KnobValueError",
     "format_value",
 ]
@@ -78,7 +79,7 @@ KNOBS: dict[str, Knob] = {
         Knob("amp", "choice", "off", "precision", "autocast dtype; fp16 adds a GradScaler", choices=("off", "bf16", "fp16")),
         Knob("tf32", "bool", None, "backend", "TF32 matmuls and convolutions (CUDA Ampere+); null: PyTorch's defaults "
              "(TF32 convolutions, full-precision matmuls)", nullable=True),
-        Knob("channels_last", "bool", False, "layout", "channels-last memory format for 4-D inputs"),
+        Knob("channels_last", "bool", False, "layout", "channels-last memory format for 4-D floating tensors in a batch"),
         Knob("num_workers", "int", 0, "input", "DataLoader worker processes", minimum=0),
         Knob("pin_memory", "bool", False, "input", "pinned host memory and non_blocking copies (accelerators)"),
         Knob("persistent_workers", "bool", False, "input", "keep loader workers alive between epochs"),
@@ -216,3 +217,19 @@ def not_applicable_reason(settings: Mapping[str, Any], device_type: str, world_s
         or distributed_reason(settings, world_size)
         or _needs_workers(settings)
     )
+
+
+def channels_last_reason(settings: Mapping[str, Any], image_batches: bool) -> str | None:
+    """Why ``channels_last`` cannot apply to a workload's batches, or None when it can.
+
+    Args:
+        settings: Every knob's value.
+        image_batches: Whether a real batch of the workload holds a 4-D floating tensor
+            (``[N, C, H, W]``), the only kind the memory format changes.
+    """
+    if settings.get("channels_last") and not image_batches:
+        return (
+            "channels_last needs a 4-D floating tensor (images as [N, C, H, W]) in a batch; "
+            "this workload's batches hold none"
+        )
+    return None

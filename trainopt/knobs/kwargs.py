@@ -21,7 +21,8 @@ The measured state of each knob (what a pasted export must reproduce exactly):
   measured as the user's script runs, not with cuDNN's TF32 switched off.
 * ``pin_memory``: pinned batches and ``non_blocking`` copies, on CUDA only (on a CPU the
   knob is not applicable and is applied as off).
-* ``channels_last``: the model and every 4-D input in channels-last memory format.
+* ``channels_last``: the model and every 4-D floating tensor of a batch (wherever it sits in
+  a tuple, dict, dataclass or nested structure) in channels-last memory format.
 * ``compile``: ``torch.compile(model, mode=...)``, ``default`` being mode None.
 * ``amp``: ``torch.autocast(device_type, dtype)`` over forward and loss; fp16 adds a
   ``torch.amp.GradScaler``.

@@ -42,8 +42,25 @@ def _recommended_changes(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return kept  # final-check, or a results file written before ``source`` existed
 
 
+def _code_section(spec_resolved: dict[str, Any]) -> dict[str, Any] | None:
+    """best.yaml's ``code:``: the spec's collate, loss and step, when it uses any beyond pairs and a named loss."""
+    collate = (spec_resolved.get("data") or {}).get("collate")
+    loss = spec_resolved.get("loss", "cross_entropy")
+    step = spec_resolved.get("step")
+    if collate is None and step is None and loss != "model":
+        return None
+    return {"collate": collate, "loss": loss, "step": step}
+
+
 def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[str, Any]:
-    """The ``best.yaml`` content: the recommended settings plus where and how they were measured."""
+    """The ``best.yaml`` content: the recommended settings plus where and how they were measured.
+
+    A ``code:`` section names the training code the settings were measured with (the spec's
+    ``data.collate``, ``loss`` and ``step``) when the spec uses ``data.collate``, ``loss: model``
+    or ``step``, so ``load_settings`` can hand the loader its ``collate_fn`` and the export can
+    write the loop the trials ran.
+    """
+    code = _code_section(spec_resolved)
     final = doc.get("final") or {}
     best = doc["best"]
     baseline = doc.get("baseline") or {}
@@ -56,6 +73,8 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
         "settings": best["settings"],
         # Only for data-parallel searches, so single-process best.yaml files stay as they were.
         **({"distributed": spec_resolved["distributed"]} if spec_resolved.get("distributed") else {}),
+        # Only for specs with their own collate, loss: model or step, likewise.
+        **({"code": code} if code else {}),
         "provenance": {
             "search": doc["name"],
             "measured_at": doc["updated_at"],

@@ -19,13 +19,18 @@ training run gets is what was measured::
         if s.should_log(step):
             print(loss.item())
 
+Batches of any structure work the same way: ``batch = s.to_device(batch)`` moves a dict, a
+namedtuple, a dataclass or a nested structure whole, and ``s.dataloader_kwargs()`` carries
+the ``collate_fn`` the settings were measured with (``code.collate`` in best.yaml).
+
 torch is imported inside the methods only, so ``import trainopt`` stays light.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Mapping
 
 from trainopt.contract import distributed as dist_mod
 from trainopt.settings.environment_check import warn_if_measured_elsewhere
@@ -38,6 +43,8 @@ from trainopt.settings.record import (
 )
 
 __all__ = ["TrainSettings", "load_settings", "settings_from_dict"]
+
+_UNRESOLVED = object()
 
 
 def _applier_for(record: SettingsRecord):
@@ -76,6 +83,8 @@ class TrainSettings:
         source: The file the settings were read from, for messages.
         distributed: The ``distributed`` block of a data-parallel measurement
             (``nproc_per_node``, ``backend``), or None.
+        code: The training code the settings were measured with (``collate``, ``loss``,
+            ``step``; best.yaml's ``code:`` section), or None.
 
     Raises:
         SettingsError: A field is invalid (raised on construction).
@@ -88,9 +97,11 @@ class TrainSettings:
         provenance: Mapping[str, Any] | None = None,
         source: str | None = None,
         distributed: Mapping[str, Any] | None = None,
+        code: Mapping[str, Any] | None = None,
     ):
-        self._record = validate_record(device, settings, provenance, source, distributed)
+        self._record = validate_record(device, settings, provenance, source, distributed, code)
         self._applier = None
+        self._collate: Any = _UNRESOLVED
 
     @classmethod
     def from_record(cls, record: SettingsRecord) -> TrainSettings:
@@ -98,6 +109,7 @@ class TrainSettings:
         obj = cls.__new__(cls)
         obj._record = record
         obj._applier = None
+        obj._collate = _UNRESOLVED
         return obj
 
     def __repr__(self) -> str:
@@ -134,6 +146,37 @@ class TrainSettings:
     def distributed(self) -> Mapping[str, Any] | None:
         """The ``distributed`` block (``nproc_per_node``, ``backend``), or None for single-process settings."""
         return self._record.distributed
+
+    @property
+    def code(self) -> Mapping[str, Any] | None:
+        """The training code the settings were measured with: ``collate``, ``loss``, ``step`` (each as
+        the spec wrote it), or None for ``(input, target)`` pairs with PyTorch's default collate."""
+        return self._record.code
+
+    @property
+    def collate_fn(self) -> Callable[[list[Any]], Any] | None:
+        """The measured ``collate_fn`` (best.yaml's ``code.collate``), imported on first use; None without one.
+
+        A ``module:callable`` reference is imported as your training script would import it
+        (the current working directory first on ``sys.path``); a relative
+        ``path/file.py:callable`` starts at the current working directory.
+
+        Raises:
+            SettingsError: The reference cannot be imported.
+        """
+        if self._collate is _UNRESOLVED:
+            ref = (self.code or {}).get("collate")
+            if ref is None:
+                self._collate = None
+            else:
+                from trainopt.contract.reference import WorkloadError, resolve_reference
+
+                try:
+                    self._collate = resolve_reference(ref, Path(os.getcwd()), field="code.collate",
+                                                      base="the current working directory")
+                except WorkloadError as exc:
+                    raise SettingsError([str(exc)], self.source) from None
+        return self._collate
 
     @property
     def lr_scale_hint(self) -> str | None:
@@ -175,9 +218,32 @@ class TrainSettings:
         ``drop_last`` is on because every measured batch had the same shape (a compiled
         model recompiles on a new shape). ``persistent_workers`` and ``prefetch_factor``
         are left out without workers, where DataLoader rejects them; ``pin_memory`` is on
-        only towards CUDA, where it was measured.
+        only towards CUDA, where it was measured. ``collate_fn`` is there when the settings
+        were measured with one (``code.collate``).
+
+        Raises:
+            SettingsError: ``code.collate`` cannot be imported.
         """
-        return self.applier.loader_kwargs()
+        kwargs = self.applier.loader_kwargs()
+        if self.collate_fn is not None:
+            kwargs["collate_fn"] = self.collate_fn
+        return kwargs
+
+    def dataloader(self, dataset, shuffle: bool = True, **overrides):
+        """A ``torch.utils.data.DataLoader`` over ``dataset`` with ``dataloader_kwargs()`` as measured.
+
+        Args:
+            dataset: Your map-style data set.
+            shuffle: Shuffle every epoch, as the measured loader did.
+            **overrides: DataLoader arguments of your own (``generator``, a ``sampler``
+                instead of ``shuffle``); they win over the measured ones.
+        """
+        from torch.utils.data import DataLoader
+
+        kwargs = {"shuffle": shuffle, **self.dataloader_kwargs(), **overrides}
+        if "sampler" in overrides:
+            kwargs.pop("shuffle")
+        return DataLoader(dataset, **kwargs)
 
     def prepare_model(self, model):
         """Move the model to the device, apply channels-last, switch to training, compile.
@@ -205,17 +271,22 @@ class TrainSettings:
                 )
         return self.applier.prepare_model(model)
 
-    def to_device(self, x, y):
-        """Move one batch to the device as measured (non-blocking from pinned memory).
+    def to_device(self, batch, *more):
+        """Move one batch, whatever its structure, to the device as measured.
+
+        Every tensor inside it moves (non-blocking from pinned memory), and with
+        ``channels_last`` on every 4-D floating tensor becomes channels-last. Tuples, lists,
+        namedtuples, dicts and other Mappings (a ``BatchEncoding``), dataclasses and nested
+        structures keep their structure and types.
 
         Args:
-            x: The input tensor; a 4-D one becomes channels-last when that knob is on.
-            y: The target tensor.
+            batch: The batch as the DataLoader yields it.
+            *more: More parts of the batch: ``s.to_device(x, y)`` returns ``(x, y)`` moved.
 
         Returns:
-            ``(x, y)`` on the device.
+            The batch on the device (a tuple when given more than one argument).
         """
-        return self.applier.to_device(x, y)
+        return self.applier.to_device(batch, *more)
 
     def autocast_dtype(self):
         """The autocast dtype (``torch.bfloat16`` or ``torch.float16``), or None when amp is off."""

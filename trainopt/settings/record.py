@@ -2,7 +2,10 @@
 
 ``best.yaml`` is written by ``trainopt search`` or by hand; a hand-written file needs only
 a ``settings:`` mapping (knobs left out take their defaults) and optionally ``device:``.
-``SettingsRecord`` is the validated plain data (device, every knob, provenance);
+A ``code:`` section names the user's training code the settings were measured with (the
+spec's ``data.collate``, ``loss`` and ``step``), written only when the spec uses
+``data.collate``, ``loss: model`` or ``step``.
+``SettingsRecord`` is the validated plain data (device, every knob, provenance, code);
 ``read_settings_file`` turns a file into YAML data and ``record_from_document`` that data
 into a record, with errors naming the dotted field. Nothing here imports torch.
 """
@@ -18,6 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from trainopt.contract import distributed as dist_mod
+from trainopt.contract.reference import REFERENCE_PATTERN
 from trainopt.errors import UserError
 from trainopt.knobs.catalog import (
     KNOBS,
@@ -30,6 +34,7 @@ from trainopt.knobs.kwargs import DEVICE_PATTERN
 from trainopt.version import __version__
 
 __all__ = [
+    "CODE_KEYS",
     "SETTINGS_KIND",
     "SETTINGS_SCHEMA_VERSION",
     "SettingsError",
@@ -43,8 +48,10 @@ __all__ = [
 
 SETTINGS_SCHEMA_VERSION = 1
 SETTINGS_KIND = "trainopt-settings"
-TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "distributed", "provenance")
+TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "distributed", "code", "provenance")
 DISTRIBUTED_KEYS = ("nproc_per_node", "backend")
+# The ``code:`` section: the spec's data.collate, loss and step, as written there.
+CODE_KEYS = ("collate", "loss", "step")
 
 
 class SettingsError(UserError):
@@ -91,11 +98,46 @@ def _check_distributed(block: Any) -> list[str]:
     return problems
 
 
+def _check_code(block: Any) -> list[str]:
+    """Problems with a ``code:`` section (``collate``, ``loss``, ``step``)."""
+    if block is None:
+        return []
+    # Here, not at the top: the spec module loads pydantic, which ``import trainopt`` need not.
+    from trainopt.contract.spec import BUILTIN_LOSSES, DEFAULT_LOSS, MODEL_LOSS
+
+    if not isinstance(block, Mapping):
+        return [f"code: expected a mapping like {{collate: 'mypkg.data:pad', loss: model}}, got {type(block).__name__}"]
+    problems = [
+        f"code.{key}: unknown key{_did_you_mean(str(key), CODE_KEYS)}; allowed: {', '.join(CODE_KEYS)}"
+        for key in block
+        if key not in CODE_KEYS
+    ]
+    for key in ("collate", "step"):
+        value = block.get(key)
+        if value is not None and not (isinstance(value, str) and REFERENCE_PATTERN.match(value)):
+            problems.append(f"code.{key}: got {value!r}; use a 'module:callable' or 'path/file.py:callable' reference, or null")
+    loss = block.get("loss", DEFAULT_LOSS)
+    losses = (*BUILTIN_LOSSES, MODEL_LOSS)
+    if not isinstance(loss, str) or not (loss in losses or REFERENCE_PATTERN.match(loss)):
+        problems.append(f"code.loss: got {loss!r}; use one of {', '.join(losses)} or a 'module:callable' reference")
+    elif block.get("step") is not None and loss != DEFAULT_LOSS:
+        problems.append(f"code.loss: got {loss!r}, but code.step computes the loss itself; remove one of them")
+    return problems
+
+
+def _code_block(block: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not block:
+        return None
+    from trainopt.contract.spec import DEFAULT_LOSS
+
+    return MappingProxyType({"collate": block.get("collate"), "loss": block.get("loss", DEFAULT_LOSS), "step": block.get("step")})
+
+
 def _check_fields(
-    device: Any, settings: Any, provenance: Any, distributed: Any = None
+    device: Any, settings: Any, provenance: Any, distributed: Any = None, code: Any = None
 ) -> tuple[list[str], dict[str, Any]]:
-    """Check device, settings, the distributed block and provenance; return the problems and the complete settings."""
-    problems: list[str] = _check_distributed(distributed)
+    """Check device, settings, the distributed block, the code section and provenance; return the problems and the complete settings."""
+    problems: list[str] = _check_distributed(distributed) + _check_code(code)
     if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
         problems.append(f"device: {device!r} is not one of auto, cpu, cuda, cuda:N")
     merged = default_settings()
@@ -148,6 +190,9 @@ class SettingsRecord:
         source: The file the settings were read from, for messages; None when built in code.
         distributed: The ``distributed`` block (``nproc_per_node``, ``backend``) when the
             settings were measured as a data-parallel job, else None.
+        code: The user's training code the settings were measured with: ``collate``
+            (the spec's ``data.collate``), ``loss`` and ``step``, each as written in the spec;
+            None when the spec used ``(input, target)`` pairs with PyTorch's default collate.
     """
 
     device: str
@@ -155,6 +200,7 @@ class SettingsRecord:
     provenance: Mapping[str, Any]
     source: str | None = None
     distributed: Mapping[str, Any] | None = None
+    code: Mapping[str, Any] | None = None
 
     @property
     def lr_scale_hint(self) -> str | None:
@@ -173,18 +219,20 @@ def validate_record(
     provenance: Any = None,
     source: str | None = None,
     distributed: Any = None,
+    code: Any = None,
 ) -> SettingsRecord:
-    """Check device, knob values, the distributed block and provenance; return the complete record.
+    """Check device, knob values, the distributed block, the code section and provenance; return the complete record.
 
     Raises:
         SettingsError: Listing every invalid field with its dotted path.
     """
-    problems, merged = _check_fields(device, settings, provenance, distributed)
+    problems, merged = _check_fields(device, settings, provenance, distributed, code)
     if problems:
         raise SettingsError(problems, source)
     # Copies, so a caller changing its own dicts later cannot change these settings.
     return SettingsRecord(
-        device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source, _distributed_block(distributed)
+        device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source, _distributed_block(distributed),
+        _code_block(code),
     )
 
 
@@ -231,12 +279,14 @@ def record_from_document(data: Any, source: str | None = None) -> SettingsRecord
     device = data.get("device", "auto")
     provenance = data.get("provenance")
     block = data.get("distributed")
-    field_problems, merged = _check_fields(device, data.get("settings"), provenance, block)
+    code = data.get("code")
+    field_problems, merged = _check_fields(device, data.get("settings"), provenance, block, code)
     problems += field_problems
     if problems:
         raise SettingsError(problems, source)
     return SettingsRecord(
-        device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source, _distributed_block(block)
+        device, MappingProxyType(merged), MappingProxyType(dict(provenance or {})), source, _distributed_block(block),
+        _code_block(code),
     )
 
 

@@ -72,6 +72,7 @@ class Applier:
         self.micro_steps = 0
         self.optimizer_steps = 0
         self._scaler = None
+        self._move = None
         self.ddp_model = None
 
     # ---- set-up ------------------------------------------------------------------
@@ -155,14 +156,30 @@ class Applier:
             return contextlib.nullcontext()
         return self.ddp_model.no_sync()
 
-    def to_device(self, x, y):
-        """Move one batch to the device (non-blocking from pinned memory); 4-D inputs get the memory format."""
-        non_blocking = pins_memory(self.settings, self.device.type)
-        x = x.to(self.device, non_blocking=non_blocking)
-        y = y.to(self.device, non_blocking=non_blocking)
-        if self.settings["channels_last"] and x.dim() == 4:
-            x = x.contiguous(memory_format=self.memory_format)
-        return x, y
+    def to_device(self, batch, *more):
+        """Move one batch, whatever its structure, to the device as measured.
+
+        Every tensor inside it moves (non-blocking from pinned memory); with
+        ``channels_last`` on, every 4-D floating tensor gets the channels-last format. The
+        structure stays: a tuple, list, namedtuple, dict or other Mapping, dataclass, nested
+        (``trainopt.trial.batches.move``).
+
+        Args:
+            batch: The batch as the DataLoader yields it.
+            *more: Further parts of the batch: ``to_device(x, y)`` moves the pair ``(x, y)``.
+
+        Returns:
+            The batch on the device; a tuple when given more than one argument.
+        """
+        move = self._move
+        if move is None:
+            # Imported once, on first use: importing this module must not import torch.
+            from trainopt.trial.batches import move
+
+            self._move = move
+        if more:
+            batch = (batch, *more)
+        return move(batch, self.device, pins_memory(self.settings, self.device.type), self.settings["channels_last"])
 
     # ---- each step ---------------------------------------------------------------
 

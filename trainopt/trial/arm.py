@@ -130,9 +130,9 @@ class _Arm:
         seed = int(request.spec.get("seed", 0))
         torch.manual_seed(seed)
         workload = build_workload(request.spec, Path(request.source_dir))
-        if settings["channels_last"] and not workload.image_like:
-            return {"kind": "failed", "status": "not_applicable",
-                    "error": "channels_last needs 4-D image inputs; this workload's inputs are not images"}
+        reason = knobs.channels_last_reason(settings, workload.image_like)
+        if reason:
+            return {"kind": "failed", "status": "not_applicable", "error": reason}
         mem = PeakMemory(device)  # before the trainer, so the peak counts building it too
         trainer = Trainer(workload, settings, device, seed=seed)
         env["torch_threads"] = torch.get_num_threads()

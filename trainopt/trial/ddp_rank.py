@@ -177,9 +177,9 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         cap_memory(request.memory_gb, device)
         torch.manual_seed(seed)
         workload = build_workload(spec, Path(request.source_dir))
-        if settings["channels_last"] and not workload.image_like:
-            result.status = "not_applicable"
-            result.error = "channels_last needs 4-D image inputs; this workload's inputs are not images"
+        reason = knobs.channels_last_reason(settings, workload.image_like)
+        if reason:
+            result.status, result.error = "not_applicable", reason
             return result, False
         trainer = Trainer(workload, settings, device, seed=seed, ddp=group)
         result.env["torch_threads"] = torch.get_num_threads()

@@ -20,6 +20,7 @@ import torch
 from trainopt.knobs.kwargs import should_read_loss
 from trainopt.stats import intervals as stats
 from trainopt.trial.applier import Applier
+from trainopt.trial.batches import check_worker_batches, loss_computer
 from trainopt.trial.memory import PeakMemory
 
 __all__ = ["NonFiniteLoss", "Measurement", "Trainer", "host_read", "measure_throughput", "probe_memory"]
@@ -56,7 +57,9 @@ class Trainer:
     """One training configuration: model, loader, optimizer and the knobs applied.
 
     Every knob is applied by ``trainopt.trial.applier.Applier``, the same code that
-    ``trainopt.load_settings()`` uses in production.
+    ``trainopt.load_settings()`` uses in production. A batch of any structure moves to the
+    device whole; the workload's loss form turns it into the loss (``trainopt.trial.batches``),
+    and backward, loss scaling, accumulation, ``no_sync`` and the optimizer step stay here.
 
     Args:
         workload: A ``trainopt.trial.workloads.Workload``.
@@ -85,6 +88,8 @@ class Trainer:
         self.forward = self.applier.prepare_model(self.model)
         self.optimizer = workload.optimizer_factory(self.model.parameters(), settings["optimizer_impl"])
         self.loss_fn = workload.loss_fn
+        # compute_loss(forward, batch): the workload's form, (input, target) pairs, loss: model or step.
+        self.compute_loss = loss_computer(workload.loss_form, workload.loss_fn, workload.step_fn, workload.fields)
         self.scaler = self.applier.grad_scaler
         self.amp_dtype = self.applier.autocast_dtype()
         self.samples_per_step = settings["batch_size"] * settings["grad_accum"]
@@ -96,12 +101,20 @@ class Trainer:
                 f"the data set has {self.dataset_len} samples{per_rank}, fewer than batch_size {settings['batch_size']}; "
                 f"raise data.args.size or lower batch_size"
             )
+        if settings["num_workers"] > 0:
+            sample = workload.sample_batch
+            if sample is None:
+                sample = (workload.collate_fn or torch.utils.data.default_collate)([workload.dataset[0]])
+            check_worker_batches(sample, workload.dataset, workload.collate_fn, settings["num_workers"],
+                                 workload.data_field)
         if ddp is not None:
             # Each rank reads its own shard; the sampler shuffles, so the loader must not.
             order: dict[str, Any] = {"sampler": self.applier.sampler(workload.dataset, seed)}
         else:
             order = {"shuffle": True, "generator": torch.Generator().manual_seed(seed)}
-        self.loader = torch.utils.data.DataLoader(workload.dataset, **order, **self.applier.loader_kwargs())
+        self.loader = torch.utils.data.DataLoader(
+            workload.dataset, **order, collate_fn=workload.collate_fn, **self.applier.loader_kwargs()
+        )
         self._iter: Iterator | None = None
         self.data_wait = 0.0
         self.last_loss: torch.Tensor | None = None
@@ -149,12 +162,12 @@ class Trainer:
             batch = self.next_batch(clock)
             if phases is not None:
                 phases.start("to_device")
-            x, y = self.applier.to_device(*batch)
+            batch = self.applier.to_device(batch)
             if phases is not None:
                 phases.start("forward")
             with self.applier.no_sync():
                 with self.applier.autocast():
-                    loss = self.loss_fn(self.forward(x), y)
+                    loss = self.compute_loss(self.forward, batch)
                 # Closes the forward phase and times backward and the update itself.
                 self.applier.backward_and_step(loss, self.optimizer, phases)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()

@@ -63,9 +63,9 @@ def time_evaluation(trainer: Any, batches: int, forward: Callable[[Any], Any] | 
     applier = trainer.applier
 
     def one_batch():
-        x, y = applier.to_device(*trainer.next_batch(clock))
+        batch = applier.to_device(trainer.next_batch(clock))
         with applier.autocast():
-            return trainer.loss_fn(forward(x), y).detach().float()
+            return trainer.compute_loss(forward, batch).detach().float()
 
     trainer.model.eval()
     try:

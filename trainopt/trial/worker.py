@@ -95,9 +95,9 @@ def execute(request: TrialRequest) -> TrialResult:
         cap_memory(request.memory_gb, device)
         torch.manual_seed(int(request.spec.get("seed", 0)))
         workload = build_workload(request.spec, Path(request.source_dir))
-        if settings["channels_last"] and not workload.image_like:
-            result.status = "not_applicable"
-            result.error = "channels_last needs 4-D image inputs; this workload's inputs are not images"
+        reason = knobs.channels_last_reason(settings, workload.image_like)
+        if reason:
+            result.status, result.error = "not_applicable", reason
             return result
         trainer = Trainer(workload, settings, device, seed=int(request.spec.get("seed", 0)))
         result.env["torch_threads"] = torch.get_num_threads()

@@ -26,4 +26,6 @@ def render(s: TrainSettings, header: list[str]) -> str:
     }
     if s.distributed:
         doc["distributed"] = dict(s.distributed)
+    if s.code:
+        doc["code"] = dict(s.code)
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False)

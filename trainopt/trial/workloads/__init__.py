@@ -1,6 +1,9 @@
-"""Build the thing being trained from a spec: model, data set, loss and optimizer.
+"""Build the thing being trained from a spec: model, data set, collate, loss (or step) and optimizer.
 
-Each part is a built-in name or a reference to the user's code (see ``reference``).
+Each part is a built-in name or a reference to the user's code (see ``reference``). How a
+batch becomes a loss is one of three forms (``trainopt.trial.batches``): ``(input, target)``
+pairs with a named loss, ``loss: model`` (the model computes its own loss from the whole
+batch) or ``step: "module:callable"`` (the user's forward and loss).
 Mistakes in the spec raise ``WorkloadError`` with a one-line message; exceptions raised
 by the user's own factories pass through unchanged, so their tracebacks reach the log.
 """
@@ -8,14 +11,14 @@ by the user's own factories pass through unchanged, so their tracebacks reach th
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from trainopt.contract.reference import (
     WorkloadError,
@@ -23,7 +26,9 @@ from trainopt.contract.reference import (
     is_reference,
     resolve_reference,
 )
+from trainopt.contract.spec import DEFAULT_LOSS, MODEL_LOSS
 from trainopt.knobs.kwargs import optimizer_kwargs
+from trainopt.trial.batches import describe, has_image_tensor
 from trainopt.trial.workloads.data import BUILTIN_DATA, build_dataset
 from trainopt.trial.workloads.models import BUILTIN_MODELS
 
@@ -45,18 +50,38 @@ class Workload:
 
     Attributes:
         model: The network, on the CPU, freshly initialized from the spec's seed.
-        dataset: A map-style data set whose items are ``(input, target)`` tensors.
-        loss_fn: ``loss_fn(output, target)`` returns a scalar tensor.
+        dataset: A map-style data set; its items are ``(input, target)`` tensors in the
+            pair form, anything its collate function batches otherwise.
+        loss_fn: ``loss_fn(output, target)`` returns a scalar tensor (the pair form; None
+            in the others).
         optimizer_factory: ``optimizer_factory(params, impl)`` returns an optimizer;
             ``impl`` is ``"default"``, ``"foreach"`` or ``"fused"``.
-        image_like: True when a batch of inputs is 4-D, so channels-last applies.
+        image_like: True when a batch holds a 4-D floating tensor, so channels-last applies.
+        collate_fn: The DataLoader's ``collate_fn`` (``data.collate``), or None for PyTorch's default.
+        loss_form: ``pair``, ``model`` or ``step`` (``trainopt.trial.batches.LOSS_FORMS``).
+        step_fn: The step form's ``step(model, batch)``, else None.
+        sample_batch: A real batch collated from the data set's first items, or None.
+        fields: The spec's values by field (``model.name``, ``data.name``, ``data.collate``,
+            ``loss``, ``step``), for messages.
     """
 
     model: nn.Module
     dataset: Dataset
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
     optimizer_factory: Callable[[Iterable[Any], str], torch.optim.Optimizer]
     image_like: bool
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    loss_form: str = "pair"
+    step_fn: Callable[[Any, Any], Any] | None = None
+    sample_batch: Any = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_field(self) -> str:
+        """The spec field that makes the batches, as messages name it: ``data.collate '...'`` or ``data.name '...'``."""
+        if self.fields.get("data.collate"):
+            return f"data.collate {self.fields['data.collate']!r}"
+        return f"data.name {self.fields.get('data.name', '?')!r}"
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -160,18 +185,21 @@ def _loss(name: str, source_dir: Path) -> Callable[[Any, Any], torch.Tensor]:
     return loss
 
 
-def _dataset(name: str, args: Mapping[str, Any], source_dir: Path) -> Dataset:
+def _dataset(name: str, args: Mapping[str, Any], source_dir: Path, pairs: bool = True) -> Dataset:
+    """The data set; with ``pairs``, its items must be ``(input, target)`` (no collate, the pair form)."""
     if not is_reference(name):
         return build_dataset(name, args)
     factory = resolve_reference(name, source_dir, field="data.name")
     check_kwargs(factory, args, "data.args", repr(name))
     dataset = factory(**args)  # the user's errors propagate as raised
-    expected = "expected a torch.utils.data.Dataset yielding (input, target)"
+    expected = "expected a torch.utils.data.Dataset yielding (input, target)" if pairs else "expected a torch.utils.data.Dataset"
     if isinstance(dataset, IterableDataset) or not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
         what = "an IterableDataset" if isinstance(dataset, IterableDataset) else type(dataset).__name__
         raise WorkloadError(f"data.name {name!r}: returned {what}, {expected} (map-style, with __len__)")
     if len(dataset) == 0:
         raise WorkloadError(f"data.name {name!r}: returned an empty data set; it needs at least one batch of samples")
+    if not pairs:
+        return dataset
     first = dataset[0]
     if not isinstance(first, (tuple, list)) or len(first) != 2:
         got = type(first).__name__
@@ -182,9 +210,33 @@ def _dataset(name: str, args: Mapping[str, Any], source_dir: Path) -> Dataset:
 
 
 def _sample_shape(dataset: Dataset) -> tuple[int, ...]:
-    x = dataset[0][0]
-    shape = getattr(x, "shape", None)
+    """The shape of item 0's input when items are ``(input, target)`` pairs, else ``()``."""
+    first = dataset[0]
+    if not isinstance(first, (tuple, list)) or len(first) != 2:
+        return ()
+    shape = getattr(first[0], "shape", None)
     return tuple(int(s) for s in shape) if shape is not None else ()
+
+
+def _user_function(ref: str, source_dir: Path, field_name: str, positional: int) -> Callable[..., Any]:
+    function = resolve_reference(ref, source_dir, field=field_name)
+    check_kwargs(function, {}, field_name, repr(ref), leading=positional)
+    return function
+
+
+def _sample_batch(dataset: Dataset, collate_fn: Callable[[list[Any]], Any] | None, data_name: str) -> Any:
+    """A real batch of the data set's first items (two, so items of unequal size show)."""
+    items = [dataset[i] for i in range(min(2, len(dataset)))]
+    if collate_fn is not None:
+        return collate_fn(items)  # the user's errors propagate as raised
+    try:
+        return default_collate(items)
+    except Exception as exc:  # noqa: BLE001 - default_collate raises several types for the same problem
+        detail = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        raise WorkloadError(
+            f"data.name {data_name!r}: PyTorch's default collate cannot batch its items ({detail}); "
+            f"set data.collate to a 'module:callable' that batches them (padding, for one)"
+        ) from exc
 
 
 def _shape_hints(name: str, dataset: Dataset, input_shape: tuple[int, ...], args: Mapping[str, Any]) -> dict[str, Any]:
@@ -244,16 +296,18 @@ def _section(spec: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
 
 
 def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
-    """Build the model, data set, loss and optimizer factory that a spec describes.
+    """Build the model, data set, collate function, loss form and optimizer factory that a spec describes.
 
     The data set comes first so the built-in models can take their input shape (and
-    vocabulary, output width) from it. Torch is seeded with ``spec["seed"]`` before the
-    data set and again before the model, so the model's weights do not depend on how
-    much randomness the data set's construction used.
+    vocabulary, output width) from it. A sample batch is collated from its first items,
+    as the loader will batch them: whether it holds a 4-D floating tensor decides whether
+    ``channels_last`` applies. Torch is seeded with ``spec["seed"]`` before the data set and
+    again before the model, so the model's weights do not depend on how much randomness
+    the data set's construction used.
 
     Args:
-        spec: The resolved spec as plain data, with ``model``, ``data``, ``loss``,
-            ``optimizer`` and ``seed``.
+        spec: The resolved spec as plain data, with ``model``, ``data`` (and optionally
+            ``data.collate``), ``loss``, optionally ``step``, ``optimizer`` and ``seed``.
         source_dir: The spec's folder, where references to user code are looked up.
 
     Returns:
@@ -269,18 +323,39 @@ def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
     data_name, data_args = _section(spec, "data")
     opt_name, opt_args = _section(spec, "optimizer")
     loss_name = spec.get("loss")
+    step_ref = spec.get("step")
+    collate_ref = spec["data"].get("collate")
     if not isinstance(loss_name, str):
         raise WorkloadError(f"loss: expected a built-in loss name or a 'module:callable' reference, got {loss_name!r}")
+    if step_ref is not None and loss_name != DEFAULT_LOSS:
+        raise WorkloadError(
+            f"step {step_ref!r}: step computes the loss itself, so loss {loss_name!r} would never be used; remove loss"
+        )
+    form = "step" if step_ref is not None else "model" if loss_name == MODEL_LOSS else "pair"
+    collate_fn = _user_function(collate_ref, source_dir, "data.collate", 1) if collate_ref is not None else None
+    step_fn = _user_function(step_ref, source_dir, "step", 2) if step_ref is not None else None
 
     torch.manual_seed(seed)
-    dataset = _dataset(data_name, data_args, source_dir)
+    dataset = _dataset(data_name, data_args, source_dir, pairs=form == "pair" and collate_fn is None)
+    sample = _sample_batch(dataset, collate_fn, data_name)
+    if form == "pair" and (not isinstance(sample, (tuple, list)) or len(sample) != 2):
+        raise WorkloadError(
+            f"data.collate {collate_ref!r}: returns {describe(sample)}, but loss {loss_name!r} takes (input, target) "
+            f"batches; return (input, target), or set loss: model or step: 'module:callable' for other batches"
+        )
     input_shape = _sample_shape(dataset)
     torch.manual_seed(seed)
     model = _model(model_name, model_args, source_dir, dataset, input_shape)
     return Workload(
         model=model,
         dataset=dataset,
-        loss_fn=_loss(loss_name, source_dir),
+        loss_fn=_loss(loss_name, source_dir) if form == "pair" else None,
         optimizer_factory=_optimizer_factory(opt_name, opt_args, source_dir),
-        image_like=len(input_shape) == 3,
+        image_like=has_image_tensor(sample),
+        collate_fn=collate_fn,
+        loss_form=form,
+        step_fn=step_fn,
+        sample_batch=sample,
+        fields={"model.name": model_name, "data.name": data_name, "data.collate": collate_ref,
+                "loss": loss_name, "step": step_ref},
     )
