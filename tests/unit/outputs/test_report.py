@@ -678,3 +678,19 @@ def test_breakdown_text_is_escaped(tmp_path):
     html = write_report(tmp_path, doc).read_text(encoding="utf-8")
     assert XSS not in html and html.count("<script") == 1
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in _panel(html)
+
+
+def test_the_report_snippet_writes_the_loop_the_trials_ran(tmp_path):
+    # The page's PyTorch snippet comes from the resolved spec beside results.json: a model that
+    # computes its own loss gets ``model(**batch).loss``, pairs and a named loss get the pair loop.
+    import yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.resolved.yaml").write_text(yaml.safe_dump({"device": "cpu", "loss": "model", "data": {"name": "x"}}))
+    page = write_report(run, tiny_doc()).read_text()
+    assert "model(**batch).loss" in page.replace("&#34;", '"').replace("&#39;", "'")
+    other = tmp_path / "pairs"
+    other.mkdir()
+    (other / "spec.resolved.yaml").write_text(yaml.safe_dump({"device": "cpu", "loss": "cross_entropy"}))
+    assert "model(**batch).loss" not in write_report(other, tiny_doc()).read_text()

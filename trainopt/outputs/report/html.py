@@ -447,18 +447,22 @@ def _device(env: dict[str, Any]) -> str:
     return f"{text} on {host}" if host else text
 
 
-def _snippet_device(out_dir: Path, env: dict[str, Any]) -> str:
-    """The device the search ran with: the resolved spec's, else what the baseline ran on."""
+def _snippet_spec(out_dir: Path, env: dict[str, Any]) -> dict[str, Any]:
+    """What the snippet needs of the resolved spec: the device and the training code's form.
+
+    The device is the resolved spec's, else what the baseline ran on; the data, loss and step
+    fields let the snippet write the loop the trials ran (``loss: model``, ``step:``, a collate).
+    """
     import yaml
 
     try:
         spec = yaml.safe_load((Path(out_dir) / "spec.resolved.yaml").read_text(encoding="utf-8"))
-        if isinstance(spec, dict) and isinstance(spec.get("device"), str):
-            return spec["device"]
     except (OSError, yaml.YAMLError):
-        pass
+        spec = None
+    spec = spec if isinstance(spec, dict) else {}
     kind = env.get("device_type")
-    return kind if kind in ("cpu", "cuda") else "auto"
+    device = spec["device"] if isinstance(spec.get("device"), str) else (kind if kind in ("cpu", "cuda") else "auto")
+    return {**{k: spec[k] for k in ("data", "loss", "step") if k in spec}, "device": device}
 
 
 def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str | None, str | None]:
@@ -476,7 +480,7 @@ def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str
     text = yaml.safe_dump(settings, sort_keys=False)
     env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
     try:
-        best = best_document(doc, {"device": _snippet_device(out_dir, env)})
+        best = best_document(doc, _snippet_spec(out_dir, env))
         snippet = render_settings(settings_from_dict(best, source="results.json"), "torch", source="results.json")
     except (UserError, KeyError, TypeError, ValueError) as exc:
         # The YAML is still worth showing when the snippet cannot be made from it.
