@@ -13,13 +13,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import yaml
 
+from trainopt.outputs import summary
 from trainopt.version import __version__
 
 __all__ = ["main", "Terminated"]
@@ -53,15 +53,6 @@ def _load(spec_path: str):
     return spec
 
 
-def _fmt_bytes(n: int | None) -> str:
-    if not n:
-        return "n/a"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 # ---- validate -----------------------------------------------------------------------
 
 
@@ -72,102 +63,6 @@ def cmd_validate(args) -> int:
 
 
 # ---- measure -----------------------------------------------------------------------
-
-
-def _bottleneck_text(diagnosis: dict[str, Any]) -> str:
-    """``compute-bound (the figure behind it)``; results written before the reason existed give their text."""
-    from trainopt.decide.bottleneck import LABELS
-
-    verdict = diagnosis.get("bottleneck")
-    if diagnosis.get("reason"):
-        return f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})"
-    return str(diagnosis.get("text") or LABELS.get(verdict, verdict))
-
-
-def _breakdown_line(diagnosis: dict[str, Any]) -> str:
-    """Where a step's time goes, phase by phase, and the bottleneck that follows."""
-    from trainopt.decide.bottleneck import shares_text
-
-    breakdown = diagnosis.get("breakdown") or {}
-    phases = shares_text(breakdown) or "not profiled (no breakdown in the result)"
-    busy = breakdown.get("device_busy")
-    if busy is not None:
-        phases += f"; device busy {100 * busy:.0f} %"
-    return f"where a step's time goes: {phases} → {_bottleneck_text(diagnosis)}"
-
-
-def _fmt_seconds(seconds: float) -> str:
-    # A checkpoint of a small model takes milliseconds; "0.00 s" would hide it.
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def _run_cost_lines(advice: dict[str, Any] | None) -> list[str]:
-    """One line per periodic cost: its share of the run at the spec's frequency and the frequency within budget."""
-    if not advice:
-        return []
-    budget = f"{100 * advice['budget']:.0f} %"
-    lines = []
-    for name in ("checkpoint", "evaluation"):
-        c = advice.get(name)
-        if not c:
-            continue
-        what = f"evaluation ({c['eval_batches']} batches)" if name == "evaluation" and c.get("eval_batches") else name
-        lines.append(
-            f"{what}: {_fmt_seconds(c['cost_s'])} every {c['every_steps']:,} steps takes {100 * c['share']:.1f} % of the run; "
-            f"every {c['every_steps_for_budget']:,} steps or more keeps it within {budget}"
-        )
-    return lines
-
-
-def _measure_summary(result, spec_name: str, spec_costs: dict[str, Any] | None = None) -> str:
-    from trainopt.decide import bottleneck
-    from trainopt.decide.run_costs import advise
-
-    s = result.settings
-    changed = " ".join(f"{k}={v}" for k, v in s.items() if k in ("batch_size", "amp", "num_workers", "compile"))
-    lines = [f"{spec_name}  {changed}", f"status: {result.status}"]
-    if result.ok:
-        kept = len(result.windows) - result.steady_from
-        lines.append(
-            f"throughput: {result.samples_per_s:,.1f} samples/s  (window median {result.median:,.1f}, "
-            f"IQR {result.iqr:,.1f}; {kept} of {len(result.windows)} windows kept, warm-up cut at window "
-            f"{result.steady_from}{'' if result.steady else '; NOT steady: the series did not settle'})"
-        )
-        lines.append(
-            f"step time: {result.step_time_s * 1000:.1f} ms   data wait: {result.data_wait_fraction:.0%}   "
-            f"peak memory: {_fmt_bytes(result.peak_memory_bytes)}   warm-up: {result.warmup_s:.1f} s"
-            + (f"   compile: {result.compile_s:.1f} s" if result.compile_s is not None else "")
-        )
-        lines.append(f"loss: {result.first_loss:.4g} -> {result.last_loss:.4g}")
-        lines.append(_breakdown_line(bottleneck.diagnose(result.breakdown, result.data_wait_fraction)))
-        lines += _run_cost_lines(advise(result.run_costs, spec_costs, result.step_time_s))
-        if result.world_size > 1:
-            ranks = ", ".join(
-                f"rank {r['rank']} {r['samples_per_s']:,.1f} samples/s, {_fmt_bytes(r['peak_memory_bytes'])}"
-                for r in result.per_rank
-                if r.get("samples_per_s") is not None
-            )
-            lines.append(f"data parallel: {result.world_size} ranks ({result.backend}), figures above for all ranks; {ranks}")
-    else:
-        lines.append(f"reason: {result.error}")
-    if result.log_path:
-        lines.append(f"log: {result.log_path}")
-    return "\n".join(lines)
-
-
-def _measure_json(result, spec_costs: dict[str, Any] | None) -> dict[str, Any]:
-    """What ``measure --json`` prints: the trial result (``breakdown`` among its keys), its
-    bottleneck with the figure behind it, and the run-costs advice."""
-    from trainopt.decide import bottleneck
-    from trainopt.decide.run_costs import advise
-
-    diagnosis = bottleneck.diagnose(result.breakdown, result.data_wait_fraction)
-    return {
-        **result.to_dict(),
-        "bottleneck": diagnosis["bottleneck"],
-        "bottleneck_reason": diagnosis["reason"],
-        "run_costs_advice": advise(result.run_costs, spec_costs, result.step_time_s),
-    }
 
 
 def cmd_measure(args) -> int:
@@ -203,108 +98,14 @@ def cmd_measure(args) -> int:
         write_json_atomic(folder.path / "result.json", result.to_dict())
     spec_costs = spec.run_costs.model_dump(mode="json") if spec.run_costs is not None else None
     if args.json:
-        print(json.dumps(_measure_json(result, spec_costs), indent=1))
+        print(json.dumps(summary.measure_json(result, spec_costs), indent=1))
     else:
-        print(_measure_summary(result, spec.name, spec_costs))
+        print(summary.measure_summary(result, spec.name, spec_costs))
         print(f"saved: {out / 'result.json'}")
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
 # ---- search ------------------------------------------------------------------------
-
-
-def _rates(doc: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The baseline's and the recommended settings' samples/s, as the summary compares them."""
-    base = doc.get("baseline") or {}
-    best = doc.get("best") or {}
-    final = doc.get("final") or {}
-    b = final.get("baseline_samples_per_s") or base.get("samples_per_s")
-    a = best.get("samples_per_s")
-    kept_first = next((d for d in doc["decisions"] if d["kept"]), None)
-    if best.get("source") == "first-kept-change" and kept_first and kept_first.get("before_samples_per_s"):
-        # Both figures from the sessions that measured that change, side by side.
-        b = kept_first["before_samples_per_s"]
-    if best.get("source") == "baseline":
-        # The baseline stays: one figure, the baseline's own (the one-shot baseline trial and
-        # the final check's baseline arms are two measurements of the same settings).
-        a = b
-    return b, a
-
-
-def _summary(doc: dict[str, Any]) -> str:
-    best = doc.get("best") or {}
-    final = doc.get("final") or {}
-    lines = [f"search {doc['name']}: {'complete' if doc['complete'] else 'INCOMPLETE'}"]
-    if doc.get("diagnosis"):
-        lines.append(f"bottleneck of the baseline: {_bottleneck_text(doc['diagnosis'])}")
-    if doc.get("final_diagnosis"):
-        lines.append(f"bottleneck of the recommended settings: {_bottleneck_text(doc['final_diagnosis'])}")
-    elif doc.get("final_diagnosis_error"):
-        lines.append(f"bottleneck of the recommended settings: unknown: {doc['final_diagnosis_error']}")
-    b, a = _rates(doc)
-    if b and best.get("source") == "baseline":
-        lines.append(f"throughput: {b:,.1f} samples/s (the baseline stays); speedup 1.000x")
-    elif b and a:
-        ci = doc.get("speedup_ci")
-        pairs = best.get("n_pairs", final.get("n_pairs"))
-        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({pairs} pairs)" if ci else ""
-        lines.append(f"throughput: {b:,.1f} -> {a:,.1f} samples/s; speedup {doc.get('speedup') or 1:.3f}x{ci_text}")
-    if final.get("verdict") and final.get("verdict") != "unchanged":
-        lines.append(f"final check: {final['verdict']}: {final.get('reason')}")
-    if best.get("source"):
-        lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
-    kept = [d for d in doc["decisions"] if d["kept"]]
-    if kept:
-        lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
-    else:
-        lines.append("kept: nothing (no change was confirmed as faster)")
-    lines += [f"run cost: {line}" for line in _run_cost_lines(doc.get("run_costs"))]
-    hint = (doc.get("batch_size") or {}).get("lr_hint")
-    if hint:
-        lines.append(f"note: {hint}")
-    c = doc.get("counts", {})
-    lines.append(f"trials: {c.get('trials_run', 0)} run, {c.get('trials_reused', 0)} reused from the store")
-    sessions = doc.get("sessions") or {}
-    if sessions.get("sequential"):
-        lines.append(f"note: {sessions['sequential']} session(s) measured one arm at a time: " + "; ".join(sessions.get("notes") or []))
-    for warning in doc.get("warnings") or []:
-        lines.append(f"WARNING: {warning}")
-    return "\n".join(lines)
-
-
-def _headline(doc: dict[str, Any], out: Path, storage: dict[str, str] | None = None) -> dict[str, Any]:
-    """What ``search --json`` prints: the results document's headline as one JSON-ready dict.
-
-    Args:
-        doc: The results document.
-        out: The output folder.
-        storage: The trial store (``url`` with its password masked, ``study``), when not the default.
-    """
-    best = doc.get("best") or {}
-    b, a = _rates(doc)
-
-    def bottleneck(diagnosis: dict[str, Any] | None) -> dict[str, Any] | None:
-        return {"verdict": diagnosis.get("bottleneck"), "reason": diagnosis.get("reason")} if diagnosis else None
-
-    report = out / "report.html"
-    return {
-        "name": doc["name"],
-        "complete": doc["complete"],
-        "baseline_samples_per_s": b,
-        "best_samples_per_s": a,
-        "speedup": doc.get("speedup"),
-        "speedup_ci": doc.get("speedup_ci"),
-        "n_pairs": best.get("n_pairs", (doc.get("final") or {}).get("n_pairs")),
-        "recommended": {"source": best.get("source"), "reason": best.get("reason"), "settings": best.get("settings")},
-        "kept": [{"knob": d["knob"], "from": d["from"], "to": d["to"], "speedup": d.get("speedup"), "ci": d.get("ci")}
-                 for d in doc["decisions"] if d["kept"]],
-        "bottleneck": {"baseline": bottleneck(doc.get("diagnosis")), "recommended": bottleneck(doc.get("final_diagnosis"))},
-        "warnings": list(doc.get("warnings") or []),
-        "out": str(out),
-        "results": str(out / "results.json"),
-        "report": str(report) if report.exists() else None,
-        "storage": storage,
-    }
 
 
 @contextlib.contextmanager
@@ -448,10 +249,10 @@ def _search(args, headline: dict[str, Any]) -> int:
             progress.close()
             executor.close()
             store.close()
-    headline.update(_headline(doc, folder.path, storage if args.storage else None))
+    headline.update(summary.headline(doc, folder.path, storage if args.storage else None))
     if args.json:
         return EXIT_OK
-    print(_summary(doc))
+    print(summary.search_summary(doc))
     if args.storage:
         print(f"store: study {storage['study']!r} in {storage['url']}")
     report = folder.path / "report.html"
@@ -514,79 +315,14 @@ def cmd_init(args) -> int:
     return EXIT_OK
 
 
-# How long reading the fingerprint may take: importing torch on a cold disk can take a while.
-ENV_TIMEOUT_S = 180.0
-
-
-def environment_fingerprint(device: str = "auto", timeout_s: float = ENV_TIMEOUT_S) -> dict[str, Any]:
-    """This machine's environment fingerprint, read in a child process as a trial reads it.
-
-    This process never imports torch, so the fingerprint comes from ``python -m`` of the
-    module ``boundary.ENV_REPORT_MODULE`` names, answering in a JSON file.
-
-    Args:
-        device: The spec's device field (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
-        timeout_s: Limit for the child.
-
-    Raises:
-        UserError: The device is not available here.
-        RuntimeError: The child failed or did not answer in time (the message names its log).
-    """
-    from trainopt.atomic import write_json_atomic
-    from trainopt.contract.boundary import ENV_REPORT_MODULE
-    from trainopt.errors import UserError
-    from trainopt.execute.runner import classify_exit, run_child
-
-    with tempfile.TemporaryDirectory(prefix="trainopt-env-") as tmp:
-        folder = Path(tmp)
-        request, answer_path, log = folder / "request.json", folder / "answer.json", folder / "env.log"
-        write_json_atomic(request, {"device": device, "answer_path": str(answer_path)})
-        end = run_child(ENV_REPORT_MODULE, request, log, timeout_s)
-        try:
-            answer = json.loads(answer_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            what = f"did not finish within {timeout_s:g} s" if end.timed_out else classify_exit(end.returncode, "the child")
-            raise RuntimeError(f"reading the environment fingerprint failed: {what}\n{tail}") from None
-    if answer.get("device_unavailable"):
-        raise UserError(f"--device {device}: {answer['error']}")
-    if "env" not in answer:
-        raise RuntimeError(f"reading the environment fingerprint failed: {answer.get('error')}")
-    return answer["env"]
-
-
-def _cpu_ranges(cpus: Sequence[int]) -> str:
-    """``0-3,6`` for [0, 1, 2, 3, 6]."""
-    parts, run = [], []
-    for cpu in sorted(cpus):
-        if run and cpu != run[-1] + 1:
-            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(cpu)
-    if run:
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(parts)
-
-
-def _env_text(env: dict[str, Any]) -> str:
-    lines = []
-    for key, value in env.items():
-        if key == "cpu_set" and isinstance(value, list):
-            value = f"{_cpu_ranges(value)} ({len(value)} CPUs)"
-        elif isinstance(value, list):
-            value = ", ".join(str(v) for v in value) or "(none)"
-        elif value is None:
-            value = "n/a"
-        lines.append(f"{key}: {value}")
-    return "\n".join(lines)
-
-
 def cmd_env(args) -> int:
+    from trainopt.execute.env_report import environment_fingerprint
+
     try:
         env = environment_fingerprint(args.device)
     except RuntimeError as exc:
         return _fail(str(exc), EXIT_FAILED)
-    print(json.dumps(env, indent=1, default=str) if args.json else _env_text(env))
+    print(json.dumps(env, indent=1, default=str) if args.json else summary.env_text(env))
     return EXIT_OK
 
 

@@ -233,3 +233,9 @@ def test_unit_tests_mirror_the_layers_with_one_basename_each():
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
     folders = {p.parent.name for p in tests if p.parent.parent == ROOT / "tests" / "unit"}
     assert folders <= set(ALLOWED) - {"base"}, f"unit test folders that are no layer: {folders - set(ALLOWED)}"
+
+
+def test_no_module_is_over_600_lines():
+    # A module past this has more than one job; split it along them.
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    assert not long, f"modules over 600 lines: {long}"

@@ -19,7 +19,7 @@ from trainopt.outputs.report import (
     write_report,
     write_speedups_csv,
 )
-from trainopt.outputs.report.html import (
+from trainopt.outputs.report.formats import (
     fmt_bytes,
     fmt_duration,
     fmt_percent,

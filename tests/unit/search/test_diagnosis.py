@@ -226,7 +226,7 @@ MEASURED_COSTS = {"checkpoint_s": 1.5, "eval_s": 12.0, "eval_batches": 20}
 
 
 def test_the_measure_summary_says_where_a_step_s_time_goes_and_what_the_run_costs():
-    from trainopt.cli import _measure_summary
+    from trainopt.outputs.summary import measure_summary as _measure_summary
 
     result = _measured(breakdown_of({"data_wait": 0.12, "forward": 0.4, "backward": 0.35, "optimizer": 0.05}), MEASURED_COSTS)
     lines = _measure_summary(result, "tiny", SPEC_COSTS).splitlines()
@@ -253,7 +253,7 @@ def test_the_measure_summary_says_where_a_step_s_time_goes_and_what_the_run_cost
 def test_measure_json_adds_the_bottleneck_and_the_run_costs_advice_to_the_result():
     import json
 
-    from trainopt.cli import _measure_json
+    from trainopt.outputs.summary import measure_json as _measure_json
 
     result = _measured(breakdown_of({"data_wait": 0.5, "forward": 0.3}), MEASURED_COSTS)
     data = json.loads(json.dumps(_measure_json(result, SPEC_COSTS)))
@@ -299,7 +299,7 @@ def test_the_search_summary_names_the_baseline_s_and_the_recommended_settings_bo
     import json
 
     from tests.conftest import FIXTURES
-    from trainopt.cli import _summary
+    from trainopt.outputs.summary import search_summary as _summary
 
     doc = make(tmp_path / "ok", FakeRunner({("amp", "bf16"): 1.5}, breakdown=by_amp), {"amp": ["off", "bf16"]})[0].run()
     lines = _summary(doc).splitlines()

@@ -500,7 +500,7 @@ def test_held_out_sessions_run_alone_on_several_slots(tmp_path):
 
 
 def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path):
-    from trainopt.cli import _summary
+    from trainopt.outputs.summary import search_summary as _summary
 
     runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=0.5, late_roles=("holdout", "final"))
     search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})

@@ -10,24 +10,28 @@ places strings.
 from __future__ import annotations
 
 import base64
-import math
 import re
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from trainopt.contract.protocol import FAILED_STATUSES
+from trainopt.outputs.report.formats import (
+    fmt_bytes,
+    fmt_duration,
+    fmt_interval,
+    fmt_percent,
+    fmt_rate,
+    fmt_speedup,
+    fmt_steps,
+    number,
+    sort_value,
+)
 from trainopt.outputs.report.rows import format_value, speedup_rows
 
 __all__ = [
     "render_html",
     "report_context",
-    "fmt_rate",
-    "fmt_speedup",
-    "fmt_interval",
-    "fmt_percent",
-    "fmt_bytes",
-    "fmt_duration",
 ]
 
 _TEMPLATE = "report.html.j2"
@@ -47,81 +51,6 @@ VERDICT_TEXT = {
 }
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-
-
-# ---- number formatting ------------------------------------------------------------
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def fmt_rate(value: Any, unit: bool = True) -> str:
-    """Throughput with thousands separators: ``12,956 samples/s``; ``—`` when unknown."""
-    v = _num(value)
-    if v is None:
-        return "—"
-    text = f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}"
-    return f"{text} samples/s" if unit else text
-
-
-def fmt_speedup(value: Any) -> str:
-    """A speedup factor: ``1.234×``."""
-    v = _num(value)
-    return "—" if v is None else f"{v:.3f}×"
-
-
-def fmt_interval(ci: Any) -> str:
-    """A speedup interval: ``[1.112×, 3.116×]``; empty when there is none."""
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
-        return f"[{fmt_speedup(ci[0])}, {fmt_speedup(ci[1])}]"
-    return ""
-
-
-def fmt_percent(value: Any) -> str:
-    """A fraction as a percentage: ``43%`` (one decimal below 10%)."""
-    v = _num(value)
-    if v is None:
-        return "—"
-    return f"{v * 100:.1f}%" if abs(v) < 0.1 else f"{v * 100:.0f}%"
-
-
-def fmt_bytes(value: Any) -> str:
-    """Bytes as MiB or GiB: ``366.3 MiB``, ``12.40 GiB``."""
-    v = _num(value)
-    if v is None:
-        return "—"
-    if abs(v) >= 1024**3:
-        return f"{v / 1024**3:,.2f} GiB"
-    return f"{v / 1024**2:,.1f} MiB"
-
-
-def fmt_duration(value: Any) -> str:
-    """Seconds as ``12.3 s``, ``2 m 10 s`` or ``1 h 05 m``."""
-    v = _num(value)
-    if v is None:
-        return "—"
-    if v < 60:
-        return f"{v:.1f} s"
-    if v < 3600:
-        m, s = divmod(int(round(v)), 60)
-        return f"{m} m {s:02d} s"
-    h, rest = divmod(int(round(v)), 3600)
-    return f"{h} h {rest // 60:02d} m"
-
-
-def _fmt_steps(value: Any) -> str:
-    v = _num(value)
-    return "never" if v is None else f"{v:,.0f} steps"
-
-
-def _sort_value(value: Any) -> str:
-    # The sorting script reads data-sort; an empty value sorts last whichever the direction.
-    v = _num(value)
-    return "" if v is None else repr(v)
 
 
 # ---- pieces of the page ---------------------------------------------------------------
@@ -170,19 +99,19 @@ def _table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "kept": r["kept"],
                 "failed": r["verdict"] in FAILED_STATUSES,
                 "speedup": fmt_speedup(r["speedup"]) if r["speedup"] is not None else "",
-                "speedup_sort": _sort_value(r["speedup"]),
+                "speedup_sort": sort_value(r["speedup"]),
                 "interval": fmt_interval([r["ci_low"], r["ci_high"]]),
-                "interval_sort": _sort_value(r["ci_low"]),
+                "interval_sort": sort_value(r["ci_low"]),
                 "pairs": r["pairs"] or "",
                 "pairs_sort": str(r["pairs"]),
                 "screen": fmt_speedup(r["screen_speedup"]) if r["screen_speedup"] is not None else "",
-                "screen_sort": _sort_value(r["screen_speedup"]),
+                "screen_sort": sort_value(r["screen_speedup"]),
                 "after": fmt_rate(r["after_samples_per_s"], unit=False) if r["after_samples_per_s"] is not None else "",
-                "after_sort": _sort_value(r["after_samples_per_s"]),
+                "after_sort": sort_value(r["after_samples_per_s"]),
                 "memory": fmt_bytes(r["after_peak_memory_bytes"]) if r["after_peak_memory_bytes"] is not None else "",
-                "memory_sort": _sort_value(r["after_peak_memory_bytes"]),
+                "memory_sort": sort_value(r["after_peak_memory_bytes"]),
                 "cumulative": fmt_speedup(r["cumulative_speedup"]) if r["cumulative_speedup"] is not None else "",
-                "cumulative_sort": _sort_value(r["cumulative_speedup"]),
+                "cumulative_sort": sort_value(r["cumulative_speedup"]),
                 "reason": r["reason"],
             }
         )
@@ -196,13 +125,13 @@ def _knob_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
     sections = []
     for knob in order:
         mine = [d for d in decisions if d.get("knob") == knob]
-        ref = next((d for d in mine if _num(d.get("before_samples_per_s")) is not None), None)
+        ref = next((d for d in mine if number(d.get("before_samples_per_s")) is not None), None)
         candidates = []
         for d in mine:
-            speedup = _num(d.get("speedup"))
+            speedup = number(d.get("speedup"))
             if speedup is not None:
                 measured = f"{fmt_speedup(speedup)} {fmt_interval(d.get('ci'))} over {d.get('n_pairs') or 0} pairs"
-            elif _num(d.get("screen_speedup")) is not None:
+            elif number(d.get("screen_speedup")) is not None:
                 measured = f"{fmt_speedup(d.get('screen_speedup'))} (one screening run)"
             else:
                 measured = ""
@@ -277,12 +206,12 @@ def _compile_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "mode": format_value(d.get("to")),
                 "compile_s": fmt_duration(extra.get("compile_s")),
-                "break_even": _fmt_steps(extra.get("break_even_steps")),
-                "run_length": _fmt_steps(extra.get("run_length_steps")) if extra.get("run_length_steps") is not None else "—",
+                "break_even": fmt_steps(extra.get("break_even_steps")),
+                "run_length": fmt_steps(extra.get("run_length_steps")) if extra.get("run_length_steps") is not None else "—",
                 "verdict": d.get("verdict") or "",
                 "verdict_text": VERDICT_TEXT.get(d.get("verdict"), d.get("verdict") or ""),
-                "pays_off": _num(extra.get("break_even_steps")) is not None
-                and _num(extra.get("run_length_steps")) is not None
+                "pays_off": number(extra.get("break_even_steps")) is not None
+                and number(extra.get("run_length_steps")) is not None
                 and extra["break_even_steps"] <= extra["run_length_steps"],
             }
         )
@@ -336,7 +265,7 @@ def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
         "retries": info.get("retries", 0),
         "unstable_verdicts": info.get("unstable_verdicts", 0),
         "max_retries": info.get("max_retries"),
-        "settle": fmt_duration(info.get("settle_s")) if _num(info.get("settle_s")) is not None else None,
+        "settle": fmt_duration(info.get("settle_s")) if number(info.get("settle_s")) is not None else None,
         "noise_rows": rows,
         "periods": periods,
         "unstable": unstable,
@@ -368,7 +297,7 @@ def _breakdown_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
             continue
         breakdown = diagnosis.get("breakdown") if isinstance(diagnosis.get("breakdown"), dict) else {}
         verdict = str(diagnosis.get("bottleneck"))
-        busy = _num(breakdown.get("device_busy"))
+        busy = number(breakdown.get("device_busy"))
         configs.append({
             "label": label,
             # Results written before the reason existed carry the verdict in words only.
@@ -402,12 +331,12 @@ def _breakdown_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
         run_costs.append({
             "what": what,
             # A checkpoint of a small model takes milliseconds, which "0.0 s" would hide.
-            "cost": (f"{1000 * c['cost_s']:.1f} ms" if _num(c.get("cost_s")) is not None and c["cost_s"] < 1
+            "cost": (f"{1000 * c['cost_s']:.1f} ms" if number(c.get("cost_s")) is not None and c["cost_s"] < 1
                      else fmt_duration(c.get("cost_s"))),
-            "every": _fmt_steps(c.get("every_steps")),
+            "every": fmt_steps(c.get("every_steps")),
             "share": fmt_percent(c.get("share")),
             "within": bool(c.get("within_budget")),
-            "for_budget": _fmt_steps(c.get("every_steps_for_budget")),
+            "for_budget": fmt_steps(c.get("every_steps_for_budget")),
         })
     final_error = doc.get("final_diagnosis_error")
     return {
@@ -418,7 +347,7 @@ def _breakdown_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
         "profiled": bool(profiled),
         "final_error": str(final_error) if final_error else "",
         "run_costs": run_costs,
-        "budget": f"{100 * costs['budget']:.0f}%" if _num(costs.get("budget")) is not None else None,
+        "budget": f"{100 * costs['budget']:.0f}%" if number(costs.get("budget")) is not None else None,
     }
 
 
@@ -502,14 +431,14 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
     best = doc.get("best") or {}
     env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
     kept = [d for d in doc.get("decisions") or [] if d.get("kept")]
-    base_rate = _num(final.get("baseline_samples_per_s")) or _num(baseline.get("samples_per_s"))
-    best_rate = _num(best.get("samples_per_s"))
-    speedup = _num(doc.get("speedup"))
+    base_rate = number(final.get("baseline_samples_per_s")) or number(baseline.get("samples_per_s"))
+    best_rate = number(best.get("samples_per_s"))
+    speedup = number(doc.get("speedup"))
     estimate = None
     if speedup is None and kept:
         product = 1.0
         for d in kept:
-            product *= _num(d.get("speedup")) or 1.0
+            product *= number(d.get("speedup")) or 1.0
         estimate = product
     counts = doc.get("counts") or {}
     source = best.get("source")
