@@ -69,3 +69,61 @@ def test_example_reports_a_bad_file_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "settings.amp: 'fp8' is not one of off, bf16, fp16" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _search(tmp_path, cli_env, **overrides) -> Path:
+    """Run a real `trainopt search` on the tiny spec; return the best.yaml it wrote."""
+    from tests.conftest import tiny_spec_dict
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec_dict(**overrides), sort_keys=False))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "trainopt", "search", str(spec), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, env=cli_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "best.yaml"
+
+
+SEARCHES = {
+    "single-process": {"search": {"amp": ["off", "bf16"]}},
+    "data-parallel": {"distributed": {"nproc_per_node": 2, "backend": "gloo"}},
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", sorted(SEARCHES))
+def test_example_trains_with_every_best_yaml_a_search_writes(tmp_path, cli_env, kind):
+    best = _search(tmp_path, cli_env, **SEARCHES[kind])
+    written = yaml.safe_load(best.read_text())
+    report_path = tmp_path / "report.json"
+    # Started as a plain script: data-parallel settings start themselves under torchrun.
+    proc = _run([best, "--steps", 3, "--width", 8, "--dataset-size", 256, "--report-json", report_path])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    world = (written.get("distributed") or {}).get("nproc_per_node", 1)
+    assert report["world_size"] == world and report["ddp"] == (world > 1)
+    assert report["steps"] == 3 and report["batch_size"] == written["settings"]["batch_size"]
+    assert report["final_loss_finite"]
+    assert report["autocast_dtype"] == {"off": "torch.float32", "bf16": "torch.bfloat16"}[written["settings"]["amp"]]
+    if world > 1:
+        assert "measured data-parallel on 2 processes; starting: torchrun" in proc.stderr
+        # Only rank 0 prints.
+        assert sum(line.startswith("trained ") for line in proc.stdout.splitlines()) == 1
+    else:
+        _train_in_both_frameworks(best, tmp_path)
+
+
+def _train_in_both_frameworks(best: Path, tmp_path: Path) -> None:
+    """The same best.yaml, unedited, trains in Lightning's Trainer and Hugging Face's Trainer."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    from tests.integration.test_framework_hf import build_trainer
+    from tests.integration.test_framework_lightning import fit
+    from trainopt.settings.production import load_settings
+
+    s = load_settings(best, warn=False)
+    trainer, _ = fit(s)
+    assert trainer.global_step == 3
+    hf = build_trainer(s, tmp_path / "hf")
+    hf.train()
+    assert hf.state.global_step == 3 and hf.args.use_cpu

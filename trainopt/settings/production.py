@@ -328,6 +328,50 @@ class TrainSettings:
 
         return optimizer_kwargs(self.settings["optimizer_impl"])
 
+    # ---- a framework's own trainer (trainopt.settings.frameworks) ----------------------------
+
+    def framework_args(self, framework: str):
+        """The ``trainopt.settings.frameworks.FrameworkArgs`` of ``framework``: what ``trainer_kwargs``
+        builds and ``trainopt export`` writes, each argument with its comment.
+
+        Args:
+            framework: ``lightning`` or ``hf``.
+
+        Raises:
+            FrameworkError: Unknown framework (``trainopt.settings.frameworks.FrameworkError``).
+        """
+        from trainopt.settings.frameworks import BUFFER_KWARGS, framework_args
+
+        device_type = self._record.measured_device_type
+        if device_type is None:
+            # device: auto without a fingerprint: the device it resolves to here.
+            device_type = self.device_obj().type
+        buffer_kwarg = ddp_buffer_kwarg() if self.distributed else BUFFER_KWARGS[0]
+        return framework_args(self._record, framework, device_type, buffer_kwarg)
+
+    def trainer_kwargs(self, framework: str) -> dict[str, Any]:
+        """Keyword arguments for ``lightning.Trainer`` (``lightning``) or ``transformers.TrainingArguments`` (``hf``).
+
+        They construct the framework's object on the machine the settings were measured on
+        (``use_cpu`` / ``accelerator`` from the measured device, a ``DDPStrategy`` object for
+        a data-parallel measurement) and change a framework default only for what the
+        search established; add your own (``max_steps``, ``output_dir``, ...) beside them.
+        What the framework cannot express is in ``unexpressed(framework)``.
+
+        Raises:
+            FrameworkError: Unknown framework.
+        """
+        return self.framework_args(framework).built_kwargs()
+
+    def unexpressed(self, framework: str) -> list:
+        """What ``framework``'s arguments cannot express: ``Unexpressed`` records (``setting``,
+        ``value``, ``reason``, ``instead``), each saying what to do in the script instead.
+
+        Raises:
+            FrameworkError: Unknown framework.
+        """
+        return list(self.framework_args(framework).unexpressed)
+
     # ---- data parallel (the distributed block; the ddp_* knobs live in the applier) ----
 
     def launch_command(self, script: str = "train.py") -> str | None:
@@ -424,6 +468,21 @@ class TrainSettings:
         if (step + 1) % accum:
             return False
         return should_read_loss(self.settings["sync_every"], (step + 1) // accum)
+
+
+def ddp_buffer_kwarg() -> str:
+    """``DistributedDataParallel``'s keyword for the buffer broadcast in the installed torch.
+
+    ``forward_sync_buffers`` from PyTorch 2.13, which deprecated ``broadcast_buffers`` (a
+    FutureWarning at every wrap); ``broadcast_buffers`` before. Imports torch.
+    """
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return "forward_sync_buffers"
+    return "broadcast_buffers"
 
 
 def settings_from_dict(data: Any, source: str | None = None) -> TrainSettings:

@@ -208,6 +208,36 @@ class SettingsRecord:
         hint = self.provenance.get("lr_hint")
         return str(hint) if hint else None
 
+    @property
+    def established(self) -> frozenset[str]:
+        """The knobs whose values are decisions: changed by the search, or set off trainopt's default.
+
+        A knob the search changed is listed in ``provenance.kept``; a knob off its catalog
+        default was set so by the search or by the user's baseline. The rest sit at
+        trainopt's defaults, which stand for "nothing decided": the framework exports leave
+        a framework's own default in place for them (``trainopt.settings.frameworks``).
+        """
+        kept = self.provenance.get("kept")
+        names = {d.get("knob") for d in kept if isinstance(d, Mapping)} if isinstance(kept, (list, tuple)) else set()
+        names |= {name for name, knob in KNOBS.items() if self.settings[name] != knob.default}
+        return frozenset(name for name in names if name in KNOBS)
+
+    @property
+    def measured_device_type(self) -> str | None:
+        """``cpu`` or ``cuda``: the device type the settings were measured on, or None when unknown.
+
+        ``device: cpu`` or ``cuda[:N]`` names it; for ``device: auto`` it is read from the
+        measuring machine's fingerprint (``provenance.env.device_type``), so an ``auto``
+        search that ran on a CPU says ``cpu``; None for ``auto`` without a fingerprint.
+        """
+        if self.device == "cpu":
+            return "cpu"
+        if self.device.startswith("cuda"):
+            return "cuda"
+        env = self.provenance.get("env")
+        measured = env.get("device_type") if isinstance(env, Mapping) else None
+        return measured if measured in ("cpu", "cuda") else None
+
 
 def _distributed_block(block: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return MappingProxyType({"backend": "auto", **block}) if block else None

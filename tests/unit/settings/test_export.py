@@ -335,14 +335,21 @@ def test_dataloader_kwargs_in_exports_match_the_real_signature(tmp_path, combo):
             assert name in params, (fmt, name)
 
 
-@pytest.mark.parametrize("amp, precision", [("off", "32-true"), ("bf16", "bf16-mixed"), ("fp16", "16-mixed")])
+@pytest.mark.parametrize("amp, precision", [("bf16", "bf16-mixed"), ("fp16", "16-mixed")])
 def test_lightning_precision(tmp_path, amp, precision):
     assert f'precision="{precision}"' in render_export(_best(tmp_path, amp=amp), "lightning")
 
 
+def test_lightning_full_precision_keeps_the_default(tmp_path):
+    text = render_export(_best(tmp_path, amp="off"), "lightning")
+    assert "precision=" not in "\n".join(_code_lines(text))
+    assert "amp: off -> Lightning's default precision, 32-true" in text
+
+
 @pytest.mark.parametrize(
     "device, expected",
-    [("auto", ['accelerator="auto"', "devices=1"]), ("cpu", ['accelerator="cpu"', "devices=1"]),
+    # auto: the fingerprint says the search ran on CUDA.
+    [("auto", ['accelerator="gpu"', "devices=1"]), ("cpu", ['accelerator="cpu"', "devices=1"]),
      ("cuda", ['accelerator="gpu"', "devices=1"]), ("cuda:2", ['accelerator="gpu"', "devices=[2]"])],
 )
 def test_lightning_device(tmp_path, device, expected):
@@ -361,7 +368,7 @@ def test_lightning_trainer_kwargs(tmp_path):
         "torch.backends.cuda.matmul.allow_tf32 = True",
         "torch.backends.cudnn.allow_tf32 = True",
         "torch.set_num_threads(8)",
-        'model = torch.compile(model, mode="max-autotune")',
+        '#   compile: max-autotune -> in __init__ (or configure_model): self.net = torch.compile(self.net, mode="max-autotune")',
         "channels_last",
         "fused=True",
         "batch_size=128",
@@ -380,7 +387,7 @@ def test_hf_training_arguments(tmp_path):
         "fp16=True",
         "tf32=True",
         "dataloader_num_workers=8",
-        "dataloader_pin_memory=True",
+        "# pin_memory: true -> the Trainer pins towards CUDA by default",
         "dataloader_persistent_workers=True",
         "dataloader_prefetch_factor=2",
         "torch_compile=True",
@@ -392,6 +399,7 @@ def test_hf_training_arguments(tmp_path):
     ]:
         assert needle in text, needle
     assert "bf16=True" not in text
+    assert "dataloader_drop_last=True" in text  # compiled: every batch the same shape
 
 
 def test_hf_without_workers_or_compile(tmp_path):
@@ -399,16 +407,19 @@ def test_hf_without_workers_or_compile(tmp_path):
     code = "\n".join(_code_lines(text))
     assert "bf16=True" in code and "fp16=True" not in code
     assert "use_cpu=True" in code
-    assert "dataloader_pin_memory=False" in code  # the Trainer pins by default, so it is written
+    assert "dataloader_pin_memory" not in code  # use_cpu=True turns the Trainer's pinning off
     assert "dataloader_prefetch_factor" not in code and "dataloader_persistent_workers" not in code
     assert "torch_compile" not in code
-    assert "logging_steps=1" in code
+    # sync_every: 1 is trainopt's default, no decision: the Trainer's own logging cadence stays.
+    assert "logging_steps" not in code and "logging_nan_inf_filter" not in code
+    assert "sync_every: 1 -> trainopt's default, not a decision" in text
 
 
 def test_hf_compile_default_mode_and_no_logging(tmp_path):
     code = "\n".join(_code_lines(render_export(_best(tmp_path, compile="default", sync_every=0), "hf")))
     assert "torch_compile=True" in code and "torch_compile_mode" not in code
     assert 'logging_strategy="no"' in code
+    assert "logging_nan_inf_filter=False" in code
 
 
 def test_yaml_round_trips(tmp_path):

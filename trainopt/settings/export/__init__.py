@@ -8,7 +8,10 @@ so no measured setting is silently lost on the way into a training script.
 
 Each format has its own module (``plain_torch``, ``lightning_trainer``,
 ``training_arguments``, ``best_yaml``); ``header`` writes the comment header and
-``lines`` the lines the code formats share. The code is rendered from
+``lines`` the lines the code formats share. The Lightning ``Trainer(...)`` and Hugging Face
+``TrainingArguments(...)`` calls are ``s.framework_args(...)`` written out by ``arguments``:
+exactly the keyword arguments ``TrainSettings.trainer_kwargs`` builds
+(``trainopt.settings.frameworks``). The code is rendered from
 ``trainopt.knobs.kwargs``' data (backend flags, DataLoader keyword arguments, compile mode,
 autocast dtype, optimizer keyword arguments), the same data the trial applied, so every
 value that differs from PyTorch's default comes out as code. The backend flags are always

@@ -1,61 +1,40 @@
-"""The ``lightning`` export: the settings as PyTorch Lightning ``Trainer`` arguments and setup lines."""
+"""The ``lightning`` export: PyTorch Lightning ``Trainer`` arguments from ``s.framework_args("lightning")``.
+
+The ``Trainer(...)`` call is written from exactly the arguments ``s.trainer_kwargs("lightning")``
+builds; the lines around it (backend flags, the DataLoader, the LightningModule's compile and
+channels-last) are what its ``unexpressed`` records ask the script to do.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
-
-from trainopt.settings.export.lines import (
-    backend_expr,
-    backend_lines,
-    compile_call,
-    ddp_kwarg_lines,
-    ddp_unused,
-    knob,
-    loader_lines,
-    model_format_line,
-    optimizer_args,
-)
+from trainopt.knobs import kwargs as apply
+from trainopt.settings.export.arguments import argument_lines, call_imports, unexpressed_lines
+from trainopt.settings.export.lines import backend_lines, loader_lines, optimizer_args
 from trainopt.settings.production import TrainSettings
 
 __all__ = ["render"]
 
-_PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
-
-def _device(s: TrainSettings) -> list[str]:
-    note = f"# device: {s.device}"
-    if s.device == "auto":
-        return [f'    accelerator="auto",  {note}', "    devices=1,"]
-    if s.device == "cpu":
-        return [f'    accelerator="cpu",  {note}', "    devices=1,"]
-    index = s.device.partition(":")[2]
-    return [f'    accelerator="gpu",  {note}', f"    devices=[{index}]," if index else "    devices=1,"]
-
-
-def _sync(s: TrainSettings) -> list[str]:
-    if s.settings["sync_every"]:
-        return [f"log_every_n_steps={s.settings['sync_every']},  # {knob(s, 'sync_every')}"]
-    return [f"# {knob(s, 'sync_every')} -> the loss was never read during training; log rarely and keep prog_bar=False in self.log"]
-
-
-def _optimizer(s: TrainSettings) -> list[str]:
+def _module_lines(s: TrainSettings) -> list[str]:
+    """What goes into the user's LightningModule, as comments (it is the user's class)."""
+    v = s.settings
+    lines = ["# In your LightningModule:"]
+    compiled, mode = apply.compile_mode(v)
+    if compiled:
+        arg = f', mode="{mode}"' if mode else ""
+        lines += [
+            f"#   compile: {v['compile']} -> in __init__ (or configure_model): self.net = torch.compile(self.net{arg})",
+            "#   (compile the inner nn.Module, as measured: torch.compile(lightning_module) fails at self.log())",
+        ]
+    else:
+        lines.append("#   compile: off -> not compiled")
+    if v["channels_last"]:
+        lines += ["#   channels_last: true -> self.net.to(memory_format=torch.channels_last) in __init__, and",
+                  "#   x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs in training_step"]
     extra = optimizer_args(s).lstrip(", ")
-    what = f"pass {extra} to your optimizer in configure_optimizers()" if extra else "default optimizer arguments"
-    return [f"# {knob(s, 'optimizer_impl')} -> {what}"]
-
-
-# How each knob that Lightning's Trainer takes as an argument is written for it, once per
-# knob, in the order the arguments are written. The backend flags and the loader are written
-# above the Trainer, and compile in the LightningModule, so the trainer needs no line for tf32
-# or compile.
-_TRAINER_ARGS: dict[str, Callable[[TrainSettings], list[str]]] = {
-    "amp": lambda s: [f'precision="{_PRECISION[s.settings["amp"]]}",  # {knob(s, "amp")}'],
-    "grad_accum": lambda s: [f"accumulate_grad_batches={s.settings['grad_accum']},  # {knob(s, 'grad_accum')}"],
-    # Lightning sets cudnn.benchmark from its argument, so it repeats the flag set above.
-    "cudnn_benchmark": lambda s: [f"benchmark={s.settings['cudnn_benchmark']},  # {knob(s, 'cudnn_benchmark')}"],
-    "sync_every": _sync,
-    "optimizer_impl": _optimizer,
-}
+    if extra:
+        lines.append(f"#   optimizer_impl: {v['optimizer_impl']} -> pass {extra} to your optimizer in configure_optimizers()")
+    return lines
 
 
 def render(s: TrainSettings, header: list[str]) -> str:
@@ -65,10 +44,11 @@ def render(s: TrainSettings, header: list[str]) -> str:
         s: The settings.
         header: The comment lines to start with.
     """
-    v = s.settings
+    fa = s.framework_args("lightning")
+    collate = (s.code or {}).get("collate")
     lines = header + [
         "import lightning as L",
-        *(["from lightning.pytorch.strategies import DDPStrategy"] if s.distributed else []),
+        *call_imports(fa),
         "import torch",
         "from torch.utils.data import DataLoader",
         "",
@@ -77,35 +57,15 @@ def render(s: TrainSettings, header: list[str]) -> str:
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
         *loader_lines(s, "    "),
+        *([f"    collate_fn=collate_fn,  # code.collate: {collate}"] if collate else []),
         ")",
         "",
-        model_format_line(s),
-        "# In your LightningModule:",
+        *_module_lines(s),
+        "",
+        "trainer = L.Trainer(",
+        *argument_lines(fa, "    "),
+        ")",
+        *unexpressed_lines(fa, "Trainer"),
+        "trainer.fit(model, train_dataloaders=loader)",
     ]
-    if v["channels_last"]:
-        lines.append("#   in training_step: x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs")
-    if v["compile"] != "off":
-        lines.append(compile_call(s))
-    else:
-        lines.append(f"# {knob(s, 'compile')} -> not compiled")
-    if not s.distributed:
-        lines.append(ddp_unused(s))
-    lines += ["", "trainer = L.Trainer("]
-    if s.distributed:
-        n = s.distributed["nproc_per_node"]
-        accel = {"cpu": '"cpu"', "auto": '"auto"'}.get(s.device, '"gpu"')
-        lines += [
-            f"    accelerator={accel},  # device: {s.device}",
-            f"    devices={n},  # distributed.nproc_per_node: {n} (Lightning starts the processes, or run under torchrun)",
-            "    num_nodes=1,",
-            "    strategy=DDPStrategy(",
-            f"        process_group_backend={backend_expr(s)},  # distributed.backend: {s.distributed['backend']}",
-            *ddp_kwarg_lines(s, "        "),
-            "    ),  # Lightning runs accumulation steps under no_sync() by itself",
-        ]
-    else:
-        lines += _device(s)
-    for write in _TRAINER_ARGS.values():
-        lines += ["    " + line for line in write(s)]
-    lines += [")", "trainer.fit(model, train_dataloaders=loader)"]
     return "\n".join(lines) + "\n"

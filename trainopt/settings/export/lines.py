@@ -58,13 +58,17 @@ def ddp_unused(s: TrainSettings) -> str:
 
 def ddp_kwarg_lines(s: TrainSettings, indent: str) -> list[str]:
     """``argument=value,  # knob: value`` for every DDP knob, from the applier's own arguments."""
-    kwargs = apply.ddp_kwargs(s.settings)
+    from trainopt.settings.production import ddp_buffer_kwarg
+
+    # The buffer argument under the name the installed torch takes (the old one warns on 2.13+).
+    renamed = ddp_buffer_kwarg() == "forward_sync_buffers"
+    kwargs = apply.ddp_kwargs(s.settings, forward_sync_buffers=renamed)
     lines = []
     for name, kwarg in apply.DDP_KWARGS.items():
+        if kwarg == "broadcast_buffers" and renamed:
+            kwarg = "forward_sync_buffers"
         if kwarg not in kwargs:
             lines.append(f"{indent}# {knob(s, name)} -> PyTorch's default bucket size (25 MB)")
-        elif kwarg == "broadcast_buffers":
-            lines.append(f"{indent}{kwarg}={kwargs[kwarg]!r},  # {knob(s, name)} (PyTorch 2.13+ names it forward_sync_buffers)")
         else:
             lines.append(f"{indent}{kwarg}={kwargs[kwarg]!r},  # {knob(s, name)}")
     return lines
