@@ -146,6 +146,10 @@ class TrialResult:
     breakdown: dict[str, Any] | None = None
     # What the rest of a run costs (``run_costs`` in the spec): checkpoint_s, eval_s, eval_batches.
     run_costs: dict[str, Any] | None = None
+    # Probes only: the largest items of a bounded sample, of which each probe batch was made
+    # (``trainopt.trial.probe_items``): sampled, dataset_len, largest, median, smallest, in_batch,
+    # unit. Optional, so results without it read as before.
+    probe_items: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ __all__ = [
     "BUILTIN_LOSSES",
     "BUILTIN_OPTIMIZERS",
     "DEFAULT_LOSS",
+    "DEFAULT_OPTIMIZER",
     "MODEL_LOSS",
 ]
 
@@ -49,6 +50,8 @@ BUILTIN_OPTIMIZERS = ("sgd", "adam", "adamw")
 # ``loss: model``: the model computes its own loss from the whole batch.
 MODEL_LOSS = "model"
 DEFAULT_LOSS = "cross_entropy"
+# The optimizer of a spec without one (a LightningModule's configure_optimizers() comes first).
+DEFAULT_OPTIMIZER = {"name": "sgd", "args": {"lr": 0.1, "momentum": 0.9}}
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _REF_RE = REFERENCE_PATTERN
@@ -105,14 +108,25 @@ class ModelSection(Component):
 
 
 class DataSection(Component):
-    """The data set, and optionally the ``collate_fn`` that batches its items."""
+    """The data set, and optionally the ``collate_fn`` that batches its items.
 
+    ``name`` may be left out only for a LightningModule, whose ``train_dataloader()`` (or
+    ``datamodule``'s) then supplies the data set and collate function (checked in the trial).
+    """
+
+    name: str | None = None
     collate: str | None = None
+    datamodule: str | None = None
 
     @field_validator("name")
     @classmethod
-    def _name(cls, v: str) -> str:
-        return _ref_or_builtin(v, BUILTIN_DATA, "data set")
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else _ref_or_builtin(v, BUILTIN_DATA, "data set")
+
+    @field_validator("datamodule")
+    @classmethod
+    def _datamodule(cls, v: str | None) -> str | None:
+        return _reference_only(v, "a factory returning a LightningDataModule")
 
     @field_validator("collate")
     @classmethod
@@ -121,10 +135,14 @@ class DataSection(Component):
 
 
 class OptimizerSection(Component):
+    """The optimizer; a spec without one leaves ``name`` None (see ``Spec.optimizer``)."""
+
+    name: str | None = None
+
     @field_validator("name")
     @classmethod
-    def _name(cls, v: str) -> str:
-        return _ref_or_builtin(v, BUILTIN_OPTIMIZERS, "optimizer")
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else _ref_or_builtin(v, BUILTIN_OPTIMIZERS, "optimizer")
 
 
 class MeasureSection(_Strict):
@@ -144,6 +162,9 @@ class MeasureSection(_Strict):
     max_pairs: int = Field(40, ge=3, le=1000)
     min_speedup: float = Field(0.03, ge=0.0, le=1.0)
     interval: Literal["hodges-lehmann", "t"] = "hodges-lehmann"
+    # knob: a change without effect is adopted with chance <= (1 - confidence) / 2 per knob;
+    # search: that budget is split over the search's knobs, so it bounds the whole search.
+    error_scope: Literal["knob", "search"] = "knob"
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # interleaved: live arms alternate timed windows; sequential: one fresh process per arm.
     session: Literal["interleaved", "sequential"] = "interleaved"
@@ -221,9 +242,10 @@ class Spec(_Strict):
     name: str = Field(min_length=1, max_length=200)
     device: str = "auto"
     model: ModelSection
-    data: DataSection
+    data: DataSection = DataSection()
     loss: str = DEFAULT_LOSS
-    optimizer: OptimizerSection = OptimizerSection(name="sgd", args={"lr": 0.1, "momentum": 0.9})
+    # Left out (name None): a LightningModule's configure_optimizers(), else DEFAULT_OPTIMIZER (in the trial).
+    optimizer: OptimizerSection = OptimizerSection()
     baseline: dict[str, Any] = Field(default_factory=knobs.default_settings)
     search: dict[str, Any] = Field(default_factory=dict)
     search_order: Literal["guide", "as_written"] = "guide"
@@ -264,13 +286,25 @@ class Spec(_Strict):
         out = self.model_dump(mode="json")
         if out.get("step") is None:
             out.pop("step", None)
-        if out["data"].get("collate") is None:
-            out["data"].pop("collate", None)
+        for key in ("collate", "datamodule", "name"):
+            if out["data"].get(key) is None:
+                out["data"].pop(key, None)
+        if out["data"] == {"args": {}}:
+            out.pop("data")  # left out: a LightningModule's train_dataloader() supplies it
+        if out["optimizer"]["name"] is None:
+            # Only a referenced model can be a LightningModule with its own optimizer.
+            if out["model"]["name"] in BUILTIN_MODELS:
+                out["optimizer"] = dict(DEFAULT_OPTIMIZER)
+            else:
+                out.pop("optimizer")
         return out
 
     def fingerprint(self) -> str:
         """A short content hash of the resolved spec; changes when the spec changes."""
-        blob = json.dumps(self.resolved(), sort_keys=True).encode()
+        resolved = self.resolved()
+        # A left-out optimizer hashes as the default it was before it could come from the model.
+        resolved.setdefault("optimizer", dict(DEFAULT_OPTIMIZER))
+        blob = json.dumps(resolved, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     @property
@@ -394,6 +428,10 @@ def spec_from_dict(data: Any, source: str | None = None, source_dir: Path | None
         body["name"] = Path(source).stem if source else "experiment"
     body["baseline"] = _check_baseline(body.get("baseline"), problems)
     body["search"] = _check_search(body.get("search"), problems)
+    model = body.get("model")
+    if body.get("data") is None and (not isinstance(model, Mapping) or model.get("name") in BUILTIN_MODELS):
+        # Only a referenced model (a LightningModule) may bring its own data.
+        problems.append("data: required field is missing")
     try:
         spec = Spec(**body)
     except ValidationError as exc:
@@ -415,9 +453,25 @@ def _divisor_fix(eff: int, batch_size: int, field: str) -> str:
     return f"batch_size {batch_size} does not divide {eff}; use a batch_size that does ({shown})"
 
 
+def _data_checks(spec: Spec) -> list[str]:
+    """``data.name`` or ``data.datamodule``, or neither for a model that may be a LightningModule."""
+    d = spec.data
+    if d.name is not None and d.datamodule is not None:
+        return [f"data: got both name {d.name!r} and datamodule {d.datamodule!r}; keep one"]
+    if d.name is None and d.datamodule is None and spec.model.name in BUILTIN_MODELS and "data" in spec.model_fields_set:
+        return [f"data.name: required field is missing; model {spec.model.name!r} needs a data set "
+                f"(only a LightningModule's train_dataloader() can stand in for it)"]
+    problems = []
+    if d.name is None and d.args and d.datamodule is None:
+        problems.append("data.args: given without data.name or data.datamodule; name the factory they are for")
+    if spec.optimizer.name is None and spec.optimizer.args:
+        problems.append("optimizer.name: required field is missing; name the optimizer its args are for")
+    return problems
+
+
 def _cross_checks(spec: Spec) -> list[str]:
     """Rules between fields: step against loss, the effective batch against the baseline and the search."""
-    problems = []
+    problems = _data_checks(spec)
     if spec.step is not None and spec.loss != DEFAULT_LOSS:
         problems.append(
             f"step: {spec.step!r} computes the loss itself, so loss {spec.loss!r} would never be used; "

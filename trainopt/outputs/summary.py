@@ -22,6 +22,7 @@ __all__ = [
     "measure_json",
     "rates",
     "search_summary",
+    "probe_items_line",
     "headline",
     "env_text",
 ]
@@ -171,6 +172,9 @@ def search_summary(doc: dict[str, Any]) -> str:
     hint = (doc.get("batch_size") or {}).get("lr_hint")
     if hint:
         lines.append(f"note: {hint}")
+    line = probe_items_line((doc.get("batch_size") or {}).get("probe_items"))
+    if line:
+        lines.append(line)
     c = doc.get("counts", {})
     lines.append(f"trials: {c.get('trials_run', 0)} run, {c.get('trials_reused', 0)} reused from the store")
     sessions = doc.get("sessions") or {}
@@ -179,6 +183,19 @@ def search_summary(doc: dict[str, Any]) -> str:
     for warning in doc.get("warnings") or []:
         lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
+
+
+def probe_items_line(items: dict[str, Any] | None) -> str | None:
+    """What the batch-size probes were made of, or None when no probe said."""
+    if not items:
+        return None
+    whole = "the whole data set" if items.get("sampled") == items.get("dataset_len") else (
+        f"a sample of {items.get('sampled')} of {items.get('dataset_len')} items")
+    return (
+        f"batch-size probes: each probe batch held the largest items in {whole} "
+        f"(largest {items.get('largest')} {items.get('unit', 'elements')}, median {items.get('median', 0):g}; "
+        f"a batch of {items.get('batch_size')} down to {items.get('in_batch')})"
+    )
 
 
 def headline(doc: dict[str, Any], out: Path, storage: dict[str, str] | None = None) -> dict[str, Any]:

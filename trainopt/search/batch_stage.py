@@ -43,6 +43,7 @@ def run_batch_stage(spec: Any, stage: KnobStage, incumbent: dict[str, Any], data
     finder = batch_mod.BatchSizeSearch(start=incumbent["batch_size"], maximum=maximum, margin=bs.margin,
                                        max_first=not plan.memory_bound(stage.broker.device_type, spec.limits.memory_gb))
     probes = []
+    largest: dict[str, Any] | None = None
     while (size := finder.next_probe()) is not None:
         settings = plan.with_knob(incumbent, "batch_size", size)
         r = stage.broker.trial(settings, stage="batch", knob="batch_size", role="probe", tag=str(size), mode="probe")
@@ -50,11 +51,17 @@ def run_batch_stage(spec: Any, stage: KnobStage, incumbent: dict[str, Any], data
         # worth adopting, and the probe's status says why it was ruled out.
         finder.record(size, r.ok)
         probes.append({"size": size, "fits": r.ok, "status": r.status, "peak_memory_bytes": r.peak_memory_bytes, "error": r.error})
+        # Every probe batch is made of the largest sampled items; the biggest probe's figures say which.
+        items = getattr(r, "probe_items", None)
+        if items and (largest is None or size >= largest["batch_size"]):
+            largest = {**items, "batch_size": size}
     safe = finder.safe_maximum
     batch_info.clear()
     batch_info.update(
         start=incumbent["batch_size"], limit=maximum, max_fitting=finder.largest_fitting, safe_max=safe, margin=bs.margin, probes=probes
     )
+    if largest is not None:
+        batch_info["probe_items"] = largest
     if safe is None:
         raise SearchFailed(f"not even batch_size {probes[-1]['size']} fits in memory; lower the model size or raise limits.memory_gb")
     cands = []

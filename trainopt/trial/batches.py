@@ -7,7 +7,9 @@ nested at will. Three forms turn a batch into the loss that trainopt backpropaga
 * ``pair``: ``(input, target)`` and a named loss, ``loss_fn(model(input), target)``;
 * ``model`` (``loss: model``): the model computes its own loss; a Mapping batch is called as
   ``model(**batch)``, a tuple or list as ``model(*batch)``, anything else as ``model(batch)``;
-* ``step`` (``step: "module:callable"``): ``step(model, batch)``, the user's forward and loss.
+* ``step`` (``step: "module:callable"``): ``step(model, batch)``, the user's forward and loss;
+* ``lightning``: a LightningModule's ``training_step(batch, batch_idx)``
+  (``trainopt.trial.lightning_step``).
 
 The loss is read from what the model or the step returns (``read_loss``). A batch the model
 cannot be called with, or an output that carries no loss, is a ``WorkloadError`` whose one
@@ -40,7 +42,7 @@ __all__ = [
     "tensors",
 ]
 
-LOSS_FORMS = ("pair", "model", "step")
+LOSS_FORMS = ("pair", "model", "step", "lightning")
 # What a loss may be, for the messages that say what to return.
 _LOSS_SHAPES = "a scalar tensor, an object with .loss, a dict with 'loss' or a dict of scalar losses"
 
@@ -264,9 +266,10 @@ def loss_computer(
     """The function ``compute(forward, batch) -> loss`` of one loss form.
 
     Args:
-        form: ``pair``, ``model`` or ``step`` (``LOSS_FORMS``).
+        form: ``pair``, ``model``, ``step`` or ``lightning`` (``LOSS_FORMS``).
         loss_fn: The pair form's ``loss(output, target)``.
-        step_fn: The step form's ``step(model, batch)``.
+        step_fn: The step form's ``step(model, batch)``; the lightning form's
+            ``compute(forward, batch)`` that calls ``training_step`` through ``forward``.
         fields: The spec's values by field (``model.name``, ``data.name``, ``step``), for messages.
 
     Raises:
@@ -307,11 +310,15 @@ def loss_computer(
             return read_loss(call_model(forward, batch), "loss 'model'", "the model's output", fix)
 
         return model_loss
-    if form == "step":
+    if form in ("step", "lightning"):
         if step_fn is None:
-            raise ValueError("the step form needs a step function")
-        field = f"step {fields.get('step', '?')!r}"
-        fix = f"return the loss from step(model, batch): {_LOSS_SHAPES}"
+            raise ValueError(f"the {form} form needs a step function")
+        if form == "step":
+            field = f"step {fields.get('step', '?')!r}"
+            fix = f"return the loss from step(model, batch): {_LOSS_SHAPES}"
+        else:
+            field = f"model.name {fields.get('model.name', '?')!r}"
+            fix = f"return the loss from training_step(batch, batch_idx): {_LOSS_SHAPES}"
 
         def step_loss(forward: Any, batch: Any) -> torch.Tensor:
             return read_loss(step_fn(forward, batch), field, "what it returned", fix)

@@ -75,6 +75,7 @@ def execute(request: TrialRequest) -> TrialResult:
         measure_throughput,
         probe_memory,
     )
+    from trainopt.trial.probe_items import largest_items
     from trainopt.trial.workloads import build_workload
 
     settings = dict(request.settings)
@@ -99,6 +100,11 @@ def execute(request: TrialRequest) -> TrialResult:
         if reason:
             result.status, result.error = "not_applicable", reason
             return result
+        dataset_len = len(workload.dataset)
+        if request.mode == "probe":
+            # The probe must fit the largest items a production batch may hold, not an average batch.
+            workload.dataset, result.probe_items = largest_items(
+                workload.dataset, settings["batch_size"], seed=int(request.spec.get("seed", 0)))
         trainer = Trainer(workload, settings, device, seed=int(request.spec.get("seed", 0)))
         result.env["torch_threads"] = torch.get_num_threads()
         if request.mode == "probe":
@@ -108,7 +114,7 @@ def execute(request: TrialRequest) -> TrialResult:
             m = measure_throughput(
                 trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"]
             )
-        fill_result(result, m, trainer.dataset_len)
+        fill_result(result, m, dataset_len)
         if request.diagnose and request.mode == "measure":
             _diagnose(result, request, trainer, m.window_steps)
     except NonFiniteLoss as exc:

@@ -26,7 +26,7 @@ from trainopt.contract.reference import (
     is_reference,
     resolve_reference,
 )
-from trainopt.contract.spec import DEFAULT_LOSS, MODEL_LOSS
+from trainopt.contract.spec import DEFAULT_LOSS, DEFAULT_OPTIMIZER, MODEL_LOSS
 from trainopt.knobs.kwargs import optimizer_kwargs
 from trainopt.trial.batches import describe, has_image_tensor
 from trainopt.trial.workloads.data import BUILTIN_DATA, build_dataset
@@ -193,7 +193,11 @@ def _dataset(name: str, args: Mapping[str, Any], source_dir: Path, pairs: bool =
     check_kwargs(factory, args, "data.args", repr(name))
     dataset = factory(**args)  # the user's errors propagate as raised
     expected = "expected a torch.utils.data.Dataset yielding (input, target)" if pairs else "expected a torch.utils.data.Dataset"
-    if isinstance(dataset, IterableDataset) or not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
+    # Map-style: a torch Dataset, or another indexable class with a length (a Hugging Face
+    # datasets.Dataset); a bare list or dict is more likely a mistake than a data set.
+    map_style = isinstance(dataset, Dataset) or (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not isinstance(dataset, (list, tuple, dict, str)))
+    if isinstance(dataset, IterableDataset) or not map_style:
         what = "an IterableDataset" if isinstance(dataset, IterableDataset) else type(dataset).__name__
         raise WorkloadError(f"data.name {name!r}: returned {what}, {expected} (map-style, with __len__)")
     if len(dataset) == 0:
@@ -298,16 +302,19 @@ def _section(spec: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
 def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
     """Build the model, data set, collate function, loss form and optimizer factory that a spec describes.
 
-    The data set comes first so the built-in models can take their input shape (and
-    vocabulary, output width) from it. A sample batch is collated from its first items,
-    as the loader will batch them: whether it holds a 4-D floating tensor decides whether
-    ``channels_last`` applies. Torch is seeded with ``spec["seed"]`` before the data set and
-    again before the model, so the model's weights do not depend on how much randomness
-    the data set's construction used.
+    The data set comes first for a built-in model, so it can take its input shape (and
+    vocabulary, output width) from it; a referenced model comes first, so a LightningModule
+    can supply what the spec leaves out (``trainopt.trial.lightning_step``). A sample batch is
+    collated from the data set's first items, as the loader will batch them: whether it holds
+    a 4-D floating tensor decides whether ``channels_last`` applies. Torch is seeded with
+    ``spec["seed"]`` before the data set and again before the model, so the model's weights do
+    not depend on how much randomness the data set's construction used.
 
     Args:
-        spec: The resolved spec as plain data, with ``model``, ``data`` (and optionally
-            ``data.collate``), ``loss``, optionally ``step``, ``optimizer`` and ``seed``.
+        spec: The resolved spec as plain data, with ``model``, ``data`` (``name``, ``args``,
+            optionally ``collate`` or ``datamodule``; left out for a LightningModule's own
+            data), ``loss``, optionally ``step``, ``optimizer`` (left out: a LightningModule's
+            ``configure_optimizers()``, else ``DEFAULT_OPTIMIZER``) and ``seed``.
         source_dir: The spec's folder, where references to user code are looked up.
 
     Returns:
@@ -317,45 +324,96 @@ def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
         WorkloadError: A part of the spec cannot be built as written. Exceptions raised
             inside user factories propagate unchanged.
     """
+    from trainopt.trial import lightning_step as lit
+
     source_dir = Path(source_dir)
     seed = int(spec.get("seed", 0))
     model_name, model_args = _section(spec, "model")
-    data_name, data_args = _section(spec, "data")
-    opt_name, opt_args = _section(spec, "optimizer")
-    loss_name = spec.get("loss")
+    data = dict(spec.get("data") or {})
+    data_name, data_args = data.get("name"), dict(data.get("args") or {})
+    datamodule_ref = data.get("datamodule")
+    loss_name = spec.get("loss", DEFAULT_LOSS)
     step_ref = spec.get("step")
-    collate_ref = spec["data"].get("collate")
+    collate_ref = data.get("collate")
     if not isinstance(loss_name, str):
         raise WorkloadError(f"loss: expected a built-in loss name or a 'module:callable' reference, got {loss_name!r}")
     if step_ref is not None and loss_name != DEFAULT_LOSS:
         raise WorkloadError(
             f"step {step_ref!r}: step computes the loss itself, so loss {loss_name!r} would never be used; remove loss"
         )
-    form = "step" if step_ref is not None else "model" if loss_name == MODEL_LOSS else "pair"
     collate_fn = _user_function(collate_ref, source_dir, "data.collate", 1) if collate_ref is not None else None
     step_fn = _user_function(step_ref, source_dir, "step", 2) if step_ref is not None else None
+    model_field = f"model.name {model_name!r}"
+
+    model = None
+    if is_reference(model_name):
+        torch.manual_seed(seed)
+        model = _model(model_name, model_args, source_dir, None, ())
+    lightning = model is not None and lit.is_lightning_module(model)
+    form = "step" if step_ref is not None else "model" if loss_name == MODEL_LOSS else "lightning" if lightning else "pair"
+    if form == "lightning" and loss_name != DEFAULT_LOSS:
+        raise WorkloadError(
+            f"loss {loss_name!r}: {model_field} is a LightningModule whose training_step computes the loss, "
+            f"so the loss would never be used; remove loss"
+        )
+    if form == "lightning":
+        lit.prepare_module(model, model_field)
+    elif lightning:
+        # Trained by step: or loss: model, it still logs through self.log.
+        lit.silence_log(model)
 
     torch.manual_seed(seed)
-    dataset = _dataset(data_name, data_args, source_dir, pairs=form == "pair" and collate_fn is None)
-    sample = _sample_batch(dataset, collate_fn, data_name)
+    if data_name is not None:
+        dataset = _dataset(data_name, data_args, source_dir, pairs=form == "pair" and collate_fn is None)
+        data_field = data_name
+    elif lightning:
+        source = model
+        if datamodule_ref is not None:
+            factory = resolve_reference(datamodule_ref, source_dir, field="data.datamodule")
+            check_kwargs(factory, data_args, "data.args", repr(datamodule_ref))
+            source = factory(**data_args)
+            if not lit.is_datamodule(source):
+                raise WorkloadError(
+                    f"data.datamodule {datamodule_ref!r}: returned {type(source).__name__}, expected a LightningDataModule"
+                )
+        dataset, own_collate = lit.loader_parts(source, f"data.datamodule {datamodule_ref!r}" if datamodule_ref else model_field)
+        collate_fn = collate_fn or own_collate
+        data_field = datamodule_ref or f"{model_name} train_dataloader()"
+    else:
+        what = "data.datamodule" if datamodule_ref else "data.name"
+        raise WorkloadError(
+            f"{what}: {'given' if datamodule_ref else 'left out'}, but {model_field} returned "
+            f"{type(model).__name__}, not a LightningModule with its own data; set data.name to a data set factory"
+        )
+    sample = _sample_batch(dataset, collate_fn, data_field)
     if form == "pair" and (not isinstance(sample, (tuple, list)) or len(sample) != 2):
         raise WorkloadError(
             f"data.collate {collate_ref!r}: returns {describe(sample)}, but loss {loss_name!r} takes (input, target) "
             f"batches; return (input, target), or set loss: model or step: 'module:callable' for other batches"
         )
-    input_shape = _sample_shape(dataset)
-    torch.manual_seed(seed)
-    model = _model(model_name, model_args, source_dir, dataset, input_shape)
+    if model is None:
+        torch.manual_seed(seed)
+        model = _model(model_name, model_args, source_dir, dataset, _sample_shape(dataset))
+    optimizer = spec.get("optimizer")
+    if optimizer is None and form == "lightning":
+        optimizer_factory: Any = lit.lightning_optimizer_factory(model, model_field, len(dataset))
+        step_fn = lit.training_step_loss(optimizer_factory.driver)
+    else:
+        opt_name, opt_args = _section({"optimizer": optimizer or DEFAULT_OPTIMIZER}, "optimizer")
+        optimizer_factory = _optimizer_factory(opt_name, opt_args, source_dir)
+        if form == "lightning":
+            step_fn = lit.training_step_loss(None)
     return Workload(
-        model=model,
+        model=lit.TrainingStep(model) if form == "lightning" else model,
         dataset=dataset,
         loss_fn=_loss(loss_name, source_dir) if form == "pair" else None,
-        optimizer_factory=_optimizer_factory(opt_name, opt_args, source_dir),
+        optimizer_factory=optimizer_factory,
         image_like=has_image_tensor(sample),
         collate_fn=collate_fn,
         loss_form=form,
         step_fn=step_fn,
         sample_batch=sample,
-        fields={"model.name": model_name, "data.name": data_name, "data.collate": collate_ref,
+        fields={"model.name": model_name, "data.name": data_field, "data.collate": collate_ref,
                 "loss": loss_name, "step": step_ref},
     )
+
