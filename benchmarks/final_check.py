@@ -12,6 +12,17 @@ the baseline arm, since the first kept change measures no held-out sessions of i
 
 Usage:
     python benchmarks/final_check.py [--reps 300] [--sd 0.10 0.165] [--effects 1.25 1.25 1.10 1.25]
+    python benchmarks/final_check.py --table contradiction [--reps 400] [--sd 0.09 0.02]
+
+``--table contradiction``: two true +10 % changes (amp bf16, one loader worker), with the
+default budget (pairs 6, max_pairs 40). Row ``real``: the combination is 1.21x; row
+``planted``: the combined settings run 1/1.21 times as fast whenever an arm of the
+baseline is in the same session (``FakeRunner(beside=...)``), so each change confirms
+against its incumbent but the combination is no faster than the baseline, which only the
+final check measures. Printed: searches keeping both, how often ``best.yaml`` holds both
+(of all searches and of those keeping both: for ``planted`` the rest are the ones caught),
+the final check's mean pair count, and among recommended combinations the mean reported
+speedup and the coverage of its interval.
 """
 
 from __future__ import annotations
@@ -60,13 +71,52 @@ def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:
             f"{covered_a / both:.1%} | {statistics.fmean(err_a):+.4f} |")
 
 
+def contradiction_row(tmp: Path, reps: int, sd: float, planted: bool) -> str:
+    both = kept_both = pairs = covered = 0
+    reported = []
+    truth = 1.0 if planted else 1.21
+    for seed in range(reps):
+        measure = {"pairs": 6, "max_pairs": 40, "confidence": 0.95, "min_speedup": 0.03}
+        spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"], "num_workers": [0, 1]}, measure=measure),
+                              "t.yaml", tmp)
+        beside = [({"amp": "bf16", "num_workers": 1}, {"amp": "off", "num_workers": 0}, 1 / 1.21)] if planted else None
+        runner = FakeRunner({("amp", "bf16"): 1.10, ("num_workers", 1): 1.10}, arm_sd=sd / math.sqrt(2), session_sd=0.1,
+                            seed=seed, beside=beside)
+        doc = Search(spec, tmp, runner, MemoryStore()).run()
+        best = doc["best"]["settings"]
+        holds = best["amp"] == "bf16" and best["num_workers"] == 1
+        both += holds
+        if sum(d["kept"] for d in doc["decisions"]) == 2:
+            kept_both += 1
+            pairs += doc["final"]["n_pairs"]
+        if holds:
+            reported.append(doc["speedup"])
+            covered += doc["speedup_ci"][0] <= truth <= doc["speedup_ci"][1]
+    mean = f"{statistics.fmean(reported):.4f}" if reported else "—"
+    cov = f"{covered / len(reported):.1%}" if reported else "—"
+    among = f"{both / kept_both:.1%}" if kept_both else "—"
+    return (f"| {'planted' if planted else 'real'} | {truth} | {sd} | {reps} | {kept_both / reps:.1%} | {both / reps:.1%} | "
+            f"{among} | {pairs / max(kept_both, 1):.1f} | {mean} | {cov} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--sd", type=float, nargs="+", default=[0.10, 0.165], help="pair log-ratio sds")
     ap.add_argument("--effects", type=float, nargs="+", default=[1.25, 1.25, 1.10, 1.25],
                     help="pairs of true factors A B, A B, ...")
+    ap.add_argument("--table", choices=["holdout", "contradiction"], default="holdout")
     args = ap.parse_args()
+    if args.table == "contradiction":
+        print(f"command: python benchmarks/final_check.py --table contradiction --reps {args.reps} --sd {' '.join(map(str, args.sd))}")
+        print("| combination | its true speedup | pair sd | searches | both kept | best.yaml holds both | "
+              "of those keeping both | final check pairs | mean reported | coverage |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory() as tmp:
+            for sd in args.sd:
+                for planted in (False, True):
+                    print(contradiction_row(Path(tmp), args.reps, sd, planted), flush=True)
+        return
     print(f"command: python benchmarks/final_check.py --reps {args.reps} --sd {' '.join(map(str, args.sd))} "
           f"--effects {' '.join(map(str, args.effects))}")
     print("| A × B | pair sd | searches | both kept | final check from held-out sessions | final covers A×B | "

@@ -311,7 +311,9 @@ class Checks:
         return {"rc": doc.get("rc"), "complete": doc.get("complete"), "elapsed_s": doc.get("elapsed_s"), "sessions": doc.get("sessions"),
                 "decisions": self._decisions(doc), "warnings": doc.get("warnings"),
                 "best": {k: (doc.get("best") or {}).get("settings", {}).get(k) for k in ("amp", "num_workers", "pin_memory")},
-                "final": {k: final.get(k) for k in ("verdict", "speedup", "ci", "n_pairs", "baseline_samples_per_s")}}
+                "source": (doc.get("best") or {}).get("source"), "error_rates": (doc.get("error_rates") or {}).get("text"),
+                "final": {k: final.get(k) for k in ("verdict", "speedup", "ci", "n_pairs", "baseline_samples_per_s",
+                                                    "contradicted", "claim_check")}}
 
     def search(self, spec: Path, name: str, timeout: float) -> dict:
         out = self.work / name

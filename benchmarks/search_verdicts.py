@@ -19,6 +19,20 @@ Usage:
 
 ``--projection`` sets the sequential rule's ``projection_confidence`` (the futility stop by
 projection; ``off`` disables it) for every confirmation the search builds.
+
+Two more tables, each through ``Search`` with ``FakeRunner``:
+
+    python benchmarks/search_verdicts.py --table scope [--reps 400] [--knobs 6] [--sd 0.09]
+        a search of K knobs (amp, channels_last, num_workers, threads, sync_every,
+        optimizer_impl; one candidate each): how often a search of K knobs without effect
+        adopts any, and how often a single real +10 % knob among K - 1 without effect is
+        adopted, with ``measure.error_scope`` knob and search, at min_speedup 0.03 and 0 (a
+        change without effect sits exactly at a margin of 0: the worst case of the bound).
+    python benchmarks/search_verdicts.py --table skew [--reps 1000] [--sd 0.02 0.09]
+        one knob whose arms carry a skewed extra draw (``FakeRunner(skewed=...)``: the 80/20
+        mixture, log-normal, 10 % outlier pairs) with its truth set so that the ratio of
+        MEAN throughputs is exactly 1 + min_speedup (and 1.0): false ``improved`` with
+        ``improved`` needing the mean to agree (the default) and with the rank rule alone.
 """
 
 from __future__ import annotations
@@ -77,8 +91,67 @@ def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_s
     return adopted / reps, recommended / reps, false_wins / reps, sessions / reps, mean, cov
 
 
+SCOPE_KNOBS = {"amp": ["off", "bf16"], "channels_last": [False, True], "num_workers": [0, 1], "threads": [1, 2],
+               "sync_every": [1, 8], "optimizer_impl": ["default", "foreach"]}
+
+
+def scope_table(tmp: Path, reps: int, knobs: int, sd: float) -> None:
+    """Search-wide false adoption and the price in real wins, by ``measure.error_scope``."""
+    names = list(SCOPE_KNOBS)[:knobs]
+    print(f"{knobs} knobs ({', '.join(names)}), one candidate each; pair sd {sd}; {reps} searches per row")
+    print("| error_scope | min_speedup | truth | searches adopting any change without effect | real +10 % adopted | sessions |")
+    print("|---|---|---|---|---|---|")
+    for scope, margin, real in [(sc, mg, re) for mg in (0.03, 0.0) for sc in ("knob", "search") for re in (False, True)]:
+        if True:
+            any_false = adopted = sessions = 0
+            for seed in range(reps):
+                measure = {"pairs": 6, "max_pairs": 40, "confidence": 0.95, "min_speedup": margin, "error_scope": scope}
+                spec = spec_from_dict(tiny_spec_dict(search={k: SCOPE_KNOBS[k] for k in names}, measure=measure), "t.yaml", tmp)
+                real_knob = (names[0], SCOPE_KNOBS[names[0]][1])
+                runner = FakeRunner({real_knob: 1.10} if real else {}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
+                doc = Search(spec, tmp, runner, MemoryStore()).run()
+                kept = [d for d in doc["decisions"] if d["kept"]]
+                any_false += any((d["knob"], d["to"]) != real_knob or not real for d in kept)
+                adopted += real and any((d["knob"], d["to"]) == real_knob for d in kept)
+                sessions += len(runner.sessions)
+            truth = f"{names[0]} +10 %, {knobs - 1} without effect" if real else f"all {knobs} without effect"
+            print(f"| {scope} | {margin} | {truth} | {any_false / reps:.1%} | {adopted / reps:.1%} |" if real else
+                  f"| {scope} | {margin} | {truth} | {any_false / reps:.1%} | — |", f" {sessions / reps:.1f} |", flush=True)
+
+
+def skew_table(tmp: Path, reps: int, sd: float) -> None:
+    """False ``improved`` when the pair noise is skewed and the mean gain is at (or below) the margin."""
+    from tests.fakes import SKEW_MEAN
+    from trainopt.decide import sequential
+
+    print(f"knob amp off -> bf16; bf16 arms carry the skewed draw; pair sd {sd} besides it; {reps} searches per row")
+    print("| skew | true ratio of mean throughputs | improved needs | false improved | limit |")
+    print("|---|---|---|---|---|")
+    original = sequential.SequentialRule.__init__
+    for shape in ("mixture", "lognormal", "outliers"):
+        for mean_ratio in (1.03, 1.0):
+            for agrees in (True, False):
+                def init(self, *a, _agrees=agrees, **kw):
+                    original(self, *a, **{**kw, "mean_agrees": _agrees})
+                sequential.SequentialRule.__init__ = init
+                wins = 0
+                for seed in range(reps):
+                    measure = {"pairs": 6, "max_pairs": 40, "confidence": 0.95, "min_speedup": 0.03}
+                    spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure=measure), "t.yaml", tmp)
+                    effect = mean_ratio / SKEW_MEAN[shape]
+                    runner = FakeRunner({("amp", "bf16"): effect}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed,
+                                        skewed={("amp", "bf16"): shape})
+                    doc = Search(spec, tmp, runner, MemoryStore()).run()
+                    wins += any(d["verdict"] == "improved" for d in doc["decisions"] if d["knob"] == "amp")
+                sequential.SequentialRule.__init__ = original
+                print(f"| {shape} | {mean_ratio} | {'rank and mean (default)' if agrees else 'rank interval alone'} | "
+                      f"{wins / reps:.1%} ({wins}/{reps}) | 2.5 % |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", choices=["verdicts", "scope", "skew"], default="verdicts")
+    ap.add_argument("--knobs", type=int, default=6, help="knobs of the scope table (at most 6)")
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--rule", choices=["sequential", "old", "both"], default="both")
     ap.add_argument("--max-pairs", type=int, nargs="+", default=[20, 14])
@@ -91,6 +164,14 @@ def main() -> None:
                     help="the rule's projection_confidence; 'off': no futility stop by projection")
     ap.add_argument("--effects", type=float, nargs="+", default=[1.0, 1.05, 1.10, 1.25], help="true effects of the rows")
     args = ap.parse_args()
+    if args.table != "verdicts":
+        tmp = Path(tempfile.mkdtemp())
+        given = args.sd != [0.06, 0.10, 0.165]
+        if args.table == "scope":
+            scope_table(tmp, args.reps, args.knobs, args.sd[0] if given else 0.09)
+        for sd in (args.sd if given else [0.02, 0.09]) if args.table == "skew" else []:
+            skew_table(tmp, args.reps, sd)
+        return
     floors = [None if f == "off" else float(f) for f in args.rescreen_floor]
     olds = {"sequential": (False,), "old": (True,), "both": (False, True)}[args.rule]
     tmp = Path(tempfile.mkdtemp())

@@ -19,6 +19,26 @@ A diagnosed trial (``TrialRequest.diagnose``) reports the ``breakdown`` and ``ru
 the runner was given (fixed, or computed from the trial's settings), as the real trial's
 profiled window would; without them it reports none, as a trial without that window does.
 
+``beside`` plants a context effect that no truth table can: an arm whose settings hold
+every entry of ``settings`` runs at ``factor`` times its truth in a session that also has
+an arm holding every entry of ``partner`` (say, the combined settings measured beside the
+baseline). It takes no draw, so seeded runs without it stay as they were.
+
+``step = (n, factor)`` changes the machine's speed in the middle of a search: every trial
+and arm measured after the first ``n`` sessions runs at ``factor`` times its truth (a GPU's
+clock or thermal limit moving). ``first_window`` makes every arm's first window run that
+many times its later ones (a first window after warm-up can run 1.5x fast on a busy
+machine), and ``early_cut`` retires arms round by round as the interleaved session runner
+does, with its own rules (``session_plan.cuttable_arms`` and ``hopeless_arms``): a retired
+arm's figure is taken over the windows it measured. None of them takes a draw, so seeded
+runs without them stay as they were.
+
+``skewed`` gives the arms of some settings a skewed extra draw, from a generator of its
+own (so seeded runs without it stay as they were), with zero mean in log: ``mixture``
+(+0.06 in 80 % of arms, -0.24 in 20 %), ``lognormal`` (a centred log-normal with a long
+slow tail) or ``outliers`` (-0.45 in 10 %, +0.05 otherwise). ``SKEW_MEAN[shape]`` is the
+mean of ``exp`` of that draw: the factor it adds to the arm's mean throughput.
+
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
 (``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
@@ -34,7 +54,7 @@ from typing import Any, Callable, Mapping, Union
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.session import SessionResult
 
-__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "noise_draw", "breakdown_of"]
+__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "SKEW_MEAN", "noise_draw", "breakdown_of", "skew_draw"]
 
 ENV = {"device_type": "cpu", "device_name": "fake", "torch": "fake"}
 
@@ -78,6 +98,34 @@ def noise_draw(rng: random.Random, sd: float, tail: str = "normal") -> float:
     raise ValueError(f"unknown tail {tail!r}; use normal, t3 or contaminated")
 
 
+_LOGNORMAL_SIGMA = 0.8
+_LOGNORMAL_SCALE = 0.08
+
+
+def skew_draw(rng: random.Random, shape: str) -> float:
+    """One draw of a skewed extra log-noise with mean zero (see the module docstring)."""
+    if shape == "mixture":
+        return 0.06 if rng.random() < 0.8 else -0.24
+    if shape == "lognormal":
+        return -_LOGNORMAL_SCALE * (math.exp(rng.gauss(0.0, _LOGNORMAL_SIGMA)) - math.exp(_LOGNORMAL_SIGMA**2 / 2))
+    if shape == "outliers":
+        return -0.45 if rng.random() < 0.1 else 0.05
+    raise ValueError(f"unknown skew {shape!r}; use mixture, lognormal or outliers")
+
+
+def _skew_mean(shape: str, n: int = 200_000) -> float:
+    if shape == "mixture":
+        return 0.8 * math.exp(0.06) + 0.2 * math.exp(-0.24)
+    if shape == "outliers":
+        return 0.9 * math.exp(0.05) + 0.1 * math.exp(-0.45)
+    rng = random.Random(12345)
+    return sum(math.exp(skew_draw(rng, shape)) for _ in range(n)) / n
+
+
+# E[exp(draw)] per shape: how much the skewed draw moves an arm's mean throughput.
+SKEW_MEAN = {shape: _skew_mean(shape) for shape in ("mixture", "lognormal", "outliers")}
+
+
 class FakeRunner:
     """Implements ``Runner.run`` and ``SessionRunner.run_session`` from a truth table.
 
@@ -97,6 +145,13 @@ class FakeRunner:
         breakdown: What a diagnosed trial reports as its ``breakdown``: a dict, or a function
             of the trial's settings returning one (or None).
         run_costs: Likewise for a diagnosed trial's ``run_costs``.
+        beside: ``[(settings, partner, factor), ...]``: context effects inside sessions
+            (see the module docstring).
+        step: ``(sessions, factor)``: the machine's speed changes after that many sessions.
+        first_window: Speed of every arm's first window relative to its later ones.
+        early_cut: Retire far-slower arms as the interleaved session runner does.
+        skewed: ``{(knob, value): shape}``: arms holding that value get a skewed extra
+            draw in sessions (see the module docstring).
     """
 
     def __init__(
@@ -116,8 +171,17 @@ class FakeRunner:
         wait: float = 0.05,
         breakdown: PerSettings = None,
         run_costs: PerSettings = None,
+        beside: list[tuple[Mapping[str, Any], Mapping[str, Any], float]] | None = None,
+        step: tuple[int, float] | None = None,
+        first_window: float = 1.0,
+        early_cut: bool = False,
+        skewed: Mapping[tuple[str, Any], str] | None = None,
     ):
+        self.step, self.first_window, self.early_cut = step, first_window, early_cut
         self.effects = dict(effects or {})
+        self.beside = list(beside or [])
+        self.skewed = dict(skewed or {})
+        self.skew_rng = random.Random(seed * 7919 + 17)
         self.wait = wait
         self.breakdown = breakdown
         self.run_costs = run_costs
@@ -138,6 +202,48 @@ class FakeRunner:
             if settings.get(knob) == value:
                 speed *= factor
         return speed
+
+    def context(self, settings: dict[str, Any], others: list[dict[str, Any]]) -> float:
+        """The factor of the ``beside`` effects on an arm of ``settings`` in a session with arms of ``others``."""
+        def holds(s: dict[str, Any], part: Mapping[str, Any]) -> bool:
+            return all(s.get(k) == v for k, v in part.items())
+
+        factor = 1.0
+        for mine, partner, f in self.beside:
+            if holds(settings, mine) and any(holds(o, partner) for o in others):
+                factor *= f
+        return factor
+
+    def machine_speed(self, before: int = 0) -> float:
+        """The machine's speed now (``step``): 1 until ``step[0]`` sessions have run (``before``: the current one among them)."""
+        if self.step is None:
+            return 1.0
+        return self.step[1] if len(self.sessions) - before >= self.step[0] else 1.0
+
+    def _cut(self, requests: list[TrialRequest], arms: list[TrialResult]) -> list[TrialResult]:
+        """The arms' first windows at ``first_window``, and the early cut applied round by round."""
+        from trainopt.decide.session_plan import cuttable_arms, hopeless_arms
+        from trainopt.stats.intervals import steady_state
+
+        for a in arms:
+            if a.ok and a.windows:
+                a.windows = [a.windows[0] * self.first_window, *a.windows[1:]]
+        cuttable = cuttable_arms([r.trial_id for r in requests], [r.settings for r in requests])
+        retired: dict[int, int] = {}
+        rounds = max((len(a.windows) for a in arms if a.ok), default=0)
+        for r in range(1, rounds + 1):
+            so_far = [a.windows[:retired.get(i, r)] if a.ok else [] for i, a in enumerate(arms)]
+            for i in hopeless_arms(so_far, cuttable) if self.early_cut else []:
+                retired.setdefault(i, r)
+        for i, a in enumerate(arms):
+            if a.ok:
+                a.windows = a.windows[:retired.get(i, len(a.windows))]
+                # As the session runner reads an arm: the steady windows (MSER cut), and with
+                # fixed samples per window the figure is their harmonic mean.
+                a.steady_from = steady_state(a.windows).start
+                kept = a.windows[a.steady_from:]
+                a.samples_per_s = len(kept) / sum(1.0 / w for w in kept)
+        return arms
 
     def _failure(self, request: TrialRequest) -> TrialResult | None:
         s = request.settings
@@ -183,7 +289,7 @@ class FakeRunner:
             return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=s.get("batch_size", 1) * 2**20,
                                env=ENV, dataset_len=4096)
         noise = noise_draw(self.rng, self.process_sd, self.tail)
-        return self._measured(request, self.truth(s) * math.exp(noise))
+        return self._measured(request, self.truth(s) * self.machine_speed() * math.exp(noise))
 
     def run_session(self, requests: list[TrialRequest], log_paths: list[Path], timeout_s: float, seed: int) -> SessionResult:
         """All arms measured together: one shared draw for the session, one draw per arm."""
@@ -198,7 +304,15 @@ class FakeRunner:
                 arms.append(failed)
                 continue
             noise = shared + noise_draw(self.rng, self.arm_sd, self.tail)
-            arms.append(self._measured(request, self.truth(request.settings) * math.exp(noise)))
+            truth = self.truth(request.settings)
+            if self.beside:
+                truth *= self.context(request.settings, [r.settings for r in requests if r is not request])
+            for (knob, value), shape in self.skewed.items():
+                if request.settings.get(knob) == value:
+                    noise += skew_draw(self.skew_rng, shape)
+            arms.append(self._measured(request, truth * self.machine_speed(before=1) * math.exp(noise)))
+        if self.first_window != 1.0 or self.early_cut:
+            arms = self._cut(requests, arms)
         rounds = 6
         order = [order_rng.sample(range(len(requests)), len(requests)) for _ in range(rounds)]
         return SessionResult(arms=arms, mode="interleaved", rounds=rounds, order=order, note="fake session", wall_s=0.0)

@@ -84,9 +84,10 @@ def test_search_writes_every_output_and_a_loadable_best_yaml(tmp_path, cli_env):
     from trainopt.decide.plan import knob_order
 
     assert doc["search_order"] == knob_order(SEARCH, "guide", doc["diagnosis"]["bottleneck"])
-    # Only settings the final check confirmed are recommended; otherwise an earlier confirmed one or the baseline.
+    # Every kept change is recommended unless the final check contradicts them; otherwise an
+    # earlier confirmed one or the baseline.
     source = doc["best"]["source"]
-    if doc["final"]["verdict"] == "improved":
+    if doc["final"].get("contradicted") is False:
         assert source == "final-check" and doc["speedup"] == doc["final"]["speedup"]
         assert doc["speedup_ci"] == doc["final"]["ci"]
     else:

@@ -1,8 +1,8 @@
 """How a session runs its arms and reads them: pure decisions over plain data.
 
 The order the arms are started in and take their windows in, when the arms cannot live
-side by side and the session measures them one at a time instead, which arms stop after
-their first window, how long a window may take, which modules the fork server imports
+side by side and the session measures them one at a time instead, which arms stop early
+(the early cut), how long a window may take, which modules the fork server imports
 before forking an arm, and one arm's ``TrialResult`` from its messages. The session
 runners (``trainopt.execute.session_runners``) carry these out; nothing here starts a
 process or reads a clock.
@@ -28,6 +28,10 @@ __all__ = [
     "CUDA_HEADROOM",
     "RAM_HEADROOM",
     "HOPELESS",
+    "FIRST_WINDOW_FAST",
+    "CUT_ROLES",
+    "session_role",
+    "cuttable_arms",
     "hopeless_arms",
     "arm_preload",
 ]
@@ -38,12 +42,23 @@ CUDA_HEADROOM = 0.9
 # Share of the host's RAM the arms' peak resident sets may fill together: paused arms stay
 # resident, and a session that pushes the machine into swap measures the swap, not the arms.
 RAM_HEADROOM = 0.7
-# An arm whose first window runs below this share of the incumbent's rate measures no
+# An arm far slower than the arm it is compared with (arm 0, the incumbent) measures no
 # further windows: no later window can lift it to a win (the search's screen gate is 0.98),
 # and a slow arm's windows are the session's most expensive ones (bf16 on a CPU without
-# bf16 units: 0.08x). Half, not more: the incumbent's own first window can run 1.5x its
-# later ones on a busy machine, and a fair competitor must never be cut on that.
+# bf16 units: 0.08x). The cut is a ratio of the two arms' own windows, so it means the
+# same at any speed, and it is judged so that one odd window cannot make it: a first-round
+# window can run 1.5x its later ones on a busy machine (FIRST_WINDOW_FAST). After one
+# round an arm is cut only below HOPELESS / FIRST_WINDOW_FAST (1/3) of the incumbent's
+# first window; from the second round on, when even its fastest window stays below
+# HOPELESS of the incumbent's slowest, so neither side's odd first window decides.
 HOPELESS = 1 / 2
+FIRST_WINDOW_FAST = 1.5
+# Only these sessions may cut an arm: a screen only chooses what to confirm, and an arm cut
+# there is screened out by the figure that cut it. Every other session's arms (confirmation
+# pairs, held-out sessions with their baseline arm, the final check) give figures that a
+# comparison needs in full. A session whose arms carry no role (run directly, outside a
+# search) is treated like a screen.
+CUT_ROLES = ("screen", "")
 
 
 def sequential_order(n: int, seed: int) -> list[int]:
@@ -122,18 +137,58 @@ def fallback_reason(device_type: str | None, statuses: Sequence[str | None], pea
     return None
 
 
-def hopeless_arms(first_rates: Sequence[float | None], floor: float = HOPELESS) -> list[int]:
-    """Arms that stop after their first window: far slower than the incumbent (arm 0).
+def session_role(trial_id: str) -> str:
+    """The role a search's arm runs in, from its trial id (``role/knob/tag/settings-hash``); ``""`` when it has none."""
+    parts = (trial_id or "").split("/")
+    return parts[0] if len(parts) >= 4 else ""
+
+
+def cuttable_arms(trial_ids: Sequence[str], settings: Sequence[dict[str, Any]]) -> list[bool]:
+    """Which arms of a session the early cut may retire.
+
+    Never arm 0 (what the others are compared with), never a copy of it (the same
+    settings: a copy of the incumbent is never hopeless, whatever a window of it says), and
+    only in a session whose role is in ``CUT_ROLES``: every arm of a confirmation, held-out
+    or final-check session gives a figure a comparison needs.
 
     Args:
-        first_rates: Each arm's throughput in its first window (None: it measured none).
-        floor: The share of the incumbent's rate below which an arm is hopeless.
+        trial_ids: Each arm's ``TrialRequest.trial_id``.
+        settings: Each arm's settings.
     """
-    base = first_rates[0] if first_rates else None
-    if not base:
+    if not trial_ids or any(session_role(t) not in CUT_ROLES for t in trial_ids):
+        return [False] * len(trial_ids)
+    return [i > 0 and s != settings[0] for i, s in enumerate(settings)]
+
+
+def hopeless_arms(windows: Sequence[Sequence[float]], cuttable: Sequence[bool] | None = None,
+                  floor: float = HOPELESS, first_fast: float = FIRST_WINDOW_FAST) -> list[int]:
+    """Arms that stop measuring: far slower than arm 0 on every window so far.
+
+    With one window each, an arm is hopeless below ``floor / first_fast`` of arm 0's
+    window (a first window can run ``first_fast`` times fast); with two or more, when its
+    fastest window is below ``floor`` of arm 0's slowest.
+
+    Args:
+        windows: Each arm's window throughputs so far (arm 0: the incumbent).
+        cuttable: Which arms may be retired (``cuttable_arms``); None: every arm but 0.
+        floor: The share of the incumbent's rate below which an arm is hopeless.
+        first_fast: How much faster than its later ones a first window can run.
+    """
+    if not windows or not windows[0]:
         # Nothing to compare with: every arm measures on.
         return []
-    return [i for i, r in enumerate(first_rates) if i and r is not None and r < floor * base]
+    reference = windows[0]
+    out = []
+    for i, w in enumerate(windows):
+        if i == 0 or not w or (cuttable is not None and not cuttable[i]):
+            continue
+        if len(w) == 1 or len(reference) == 1:
+            hopeless = max(w) < floor / first_fast * min(reference)
+        else:
+            hopeless = max(w) < floor * min(reference)
+        if hopeless:
+            out.append(i)
+    return out
 
 
 def arm_preload(request: TrialRequest) -> tuple[str, ...]:

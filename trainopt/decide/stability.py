@@ -11,11 +11,13 @@ windows should be about as noisy as the sessions before it.
 ``StabilityGuard.check`` judges a session against the stable history before it:
 
 * the incumbent's level: its log throughput against the median of the earlier stable
-  sessions of the same settings (and the same node and device), in units of their
-  spread (scaled MAD, floored, widened while the history is short);
-* the session's window noise: against the median noise of the earlier stable sessions,
-  and against a ceiling no steady machine reaches (load present all through a search
-  never shows as a jump).
+  sessions of the same settings (and node and device), in units of their spread (scaled
+  MAD, widened while the history is short), floored at ``LEVEL_PER_WINDOW_NOISE`` times
+  its usual window noise, so a 25 % change stands out at a GPU's 1 % noise too;
+* the session's window noise: against the pooled noise of the earlier stable sessions of
+  the same incumbent beside the same kind of arm (a loader-worker or compiled arm makes
+  the incumbent's windows uneven on a steady machine: the arm, not the machine), and
+  against a fixed ceiling when one is set.
 
 The caller re-runs an unstable session after ``settle_s`` (at most ``max_retries``
 times) and marks the verdict when the last attempt is still unstable. Everything here is
@@ -38,13 +40,46 @@ __all__ = [
     "observe",
     "window_noise",
     "final_disagreement",
+    "session_kind",
     "MAD_TO_SD",
+    "LEVEL_PER_WINDOW_NOISE",
+    "FRESH_PROCESS_TOLERANCE",
 ]
 
 # A normal distribution's sd is 1.4826 x its median absolute deviation.
 MAD_TO_SD = 1.4826
 # The variance of a median of n normal draws is about pi/2 x sigma^2 / n.
 _MEDIAN_VARIANCE = math.pi / 2
+# A quiet machine's session-to-session spread of one incumbent's level per unit of its
+# usual window noise: 1.4-2.5 over each stage of a recorded demo run (2-core CPU; the
+# process offset and the session's shared load move the level, not the windows). At the
+# demo's 3-7 % noise that floors the spread at 8-18 % (the fixed 8 % floor this
+# replaced); at a GPU's 1 %, at 2.5 %, and a 25 % change of speed is 9 spreads away.
+LEVEL_PER_WINDOW_NOISE = 2.5
+# How far a one-shot fresh process of the baseline settings may sit from the final
+# check's live arms before it counts as a disagreement: fresh processes and forked arms
+# of the same settings differed by 1.2-1.5x in four quiet demo runs of five, and one fresh
+# process scatters by sd 0.12 (0.165 for the log ratio of two): 1.5 x e^(2 x 0.12) = 1.9.
+# A machine whose speed really moved (1,300 against 270-350 samples/s) is far outside it.
+FRESH_PROCESS_TOLERANCE = 2.0
+
+
+def session_kind(settings: Sequence[dict[str, Any] | None]) -> str:
+    """The kinds of arm in a session that make windows uneven: ``workers``, ``compiled``, both, or ``plain``.
+
+    Loader workers and compiled code run beside the timed loop (prefetching, compile
+    threads), and their windows scatter by 20-50 % on a steady machine; an incumbent
+    measured beside such an arm shows more window noise than beside a plain one.
+    """
+    kinds = set()
+    for s in settings:
+        if not s:
+            continue
+        if isinstance(s.get("num_workers"), int) and s["num_workers"] > 0:
+            kinds.add("workers")
+        if s.get("compile") not in (None, "off", False):
+            kinds.add("compiled")
+    return "+".join(sorted(kinds)) or "plain"
 
 
 @dataclass(frozen=True)
@@ -65,6 +100,9 @@ class Observation:
         wall_s: How long the session took (the start of an unstable period), if known.
         where: Where the incumbent ran (node and device); levels compare only within one
             place, as two slots of a machine need not run equally fast.
+        kind: What kinds of arm the session held beside the incumbent (``session_kind``);
+            window noise compares only within one kind.
+        noise_df: Degrees of freedom of ``noise`` (its windows less one; 0: unknown, read as 2).
     """
 
     t_s: float
@@ -76,6 +114,8 @@ class Observation:
     noise: float | None
     wall_s: float | None = None
     where: str = ""
+    kind: str = ""
+    noise_df: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,10 +168,8 @@ def observe(
 ) -> Observation:
     """The observation of one session.
 
-    The session's noise is the median over its measured arms of each arm's window noise
-    (its steady windows, the ones its throughput was taken from): a median, so one arm's
-    odd window does not make a session unstable, while load that comes and goes shows in
-    every arm.
+    The session's noise is the incumbent's window noise over its steady windows; its kind
+    (``session_kind``) is read from every arm's settings.
 
     Args:
         session: The session's result.
@@ -146,13 +184,15 @@ def observe(
     # knob, while candidates differ (loader workers make windows far more uneven), so the
     # incumbent's noise is comparable from session to session and the candidates' is not.
     incumbent = session.arms[incumbent_index]
-    noises = []
+    noises, df = [], 0
     if incumbent.ok:
         arm = incumbent
         windows = arm.windows[arm.steady_from:] if len(arm.windows) - arm.steady_from >= 3 else arm.windows
         n = window_noise(windows)
         if n is not None:
             noises.append(n)
+            used = sum(1 for w in windows if isinstance(w, (int, float)) and math.isfinite(w) and w > 0)
+            df = (used - 2 if used >= 5 else used) - 1
     level = incumbent.samples_per_s if incumbent.ok and incumbent.samples_per_s else None
     return Observation(
         t_s=float(t_s),
@@ -164,6 +204,8 @@ def observe(
         noise=statistics.median(noises) if noises else None,
         wall_s=session.wall_s,
         where=_where(incumbent.env or {}),
+        kind=session_kind([a.settings for a in session.arms]),
+        noise_df=df,
     )
 
 
@@ -184,18 +226,23 @@ class StabilityGuard:
     Args:
         max_retries: How many times the caller re-runs an unstable session.
         settle_s: How long the caller waits before a re-run.
-        level_sd_floor: Smallest spread (log scale) a level's history is credited with; the
-            session-to-session spread of a quiet machine, so that a few lucky, close
+        level_sd_floor: Smallest spread (log scale) a level's history is credited with;
+            above it, ``level_noise`` times the incumbent's usual window noise (a quiet
+            machine's session-to-session spread at that noise), so that a few lucky, close
             sessions do not make the next ordinary one look like a shift.
+        level_noise: See ``level_sd_floor`` (``LEVEL_PER_WINDOW_NOISE``).
         level_limit: How many spreads the incumbent may move from its level.
         min_history: Stable sessions of the same incumbent needed before its level is judged.
         noise_ratio: A session is unstable when its noise exceeds this multiple of the
-            running median noise ...
-        noise_floor: ... and this absolute noise (a jump from 1 % to 4 % is no problem).
+            usual (pooled) noise, or the F ratio reached by chance once in ``noise_alarm``
+            sessions when that is larger (few windows in few sessions) ...
+        noise_floor: ... and this absolute noise: three times a GPU's 1 % (a jump from 1 %
+            to 3 % is no problem).
         min_noise_history: Stable sessions needed before noise is judged against its history.
+        noise_alarm: See ``noise_ratio``.
         noise_ceiling: Noise beyond which a session is unstable whatever came before (load
-            present all through a search never shows as a jump). Off by default: an
-            input-bound configuration's windows scatter by 40-50 % on a steady machine.
+            present all through a search never shows as a jump). Off by default: a fixed
+            ceiling cannot scale with the machine (input-bound windows scatter by 40-50 %).
         history: How many of the latest stable sessions form a level (and, times three,
             the usual noise): a slow drift over a long search moves the reference along,
             a burst of load does not.
@@ -209,12 +256,14 @@ class StabilityGuard:
         *,
         max_retries: int = 2,
         settle_s: float = 10.0,
-        level_sd_floor: float = 0.08,
+        level_sd_floor: float = 0.01,
+        level_noise: float = LEVEL_PER_WINDOW_NOISE,
         level_limit: float = 4.0,
         min_history: int = 3,
         noise_ratio: float = 3.0,
-        noise_floor: float = 0.08,
+        noise_floor: float = 0.03,
         min_noise_history: int = 3,
+        noise_alarm: float = 1e-3,
         noise_ceiling: float | None = None,
         history: int = 12,
         persist: int = 3,
@@ -226,25 +275,20 @@ class StabilityGuard:
                 f"min_history ({min_history}) must be >= 2, min_noise_history ({min_noise_history}) >= 1, "
                 f"persist ({persist}) >= 2 and history ({history}) >= min_history"
             )
-        self.max_retries = max_retries
-        self.settle_s = settle_s
-        self.level_sd_floor = level_sd_floor
-        self.level_limit = level_limit
-        self.min_history = min_history
-        self.noise_ratio = noise_ratio
-        self.noise_floor = noise_floor
-        self.min_noise_history = min_noise_history
+        self.max_retries, self.settle_s, self.history, self.persist = max_retries, settle_s, history, persist
+        self.level_sd_floor, self.level_noise, self.level_limit = level_sd_floor, level_noise, level_limit
+        self.min_history, self.min_noise_history = min_history, min_noise_history
+        self.noise_ratio, self.noise_floor, self.noise_alarm = noise_ratio, noise_floor, noise_alarm
         self.noise_ceiling = noise_ceiling
-        self.history = history
-        self.persist = persist
         self.points: list[dict[str, Any]] = []
         # Per (settings_hash, where): log levels of the stable sessions, and of the
         # consecutive sessions since the last stable one that showed a shifted level.
         self._levels: dict[tuple[str, str], list[float]] = {}
         self._shifted: dict[tuple[str, str], list[float]] = {}
-        # Per (settings_hash, where): window noise of the stable sessions. Per incumbent, as
-        # its configuration sets its noise (loader workers make windows far more uneven).
-        self._noises: dict[tuple[str, str], list[float]] = {}
+        # Per (settings_hash, where, kind): window noise of the stable sessions. Per
+        # incumbent, as its configuration sets its noise (loader workers make windows far
+        # more uneven), and per kind of arm beside it, which makes its windows uneven too.
+        self._noises: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
 
     # ---- judging --------------------------------------------------------------------------
 
@@ -252,15 +296,32 @@ class StabilityGuard:
     def _key(obs: Observation) -> tuple[str, str]:
         return obs.settings_hash, obs.where
 
+    @staticmethod
+    def _noise_key(obs: Observation) -> tuple[str, str, str]:
+        return obs.settings_hash, obs.where, obs.kind
+
+    def _usual_noise(self, obs: Observation) -> float | None:
+        """The incumbent's pooled window noise (root mean square) over its stable sessions of any kind."""
+        noises = [n for (h, w, _), ns in self._noises.items() if (h, w) == self._key(obs) for n, _ in ns[-3 * self.history:]]
+        if not noises:
+            return None
+        return math.sqrt(sum(n * n for n in noises) / len(noises))
+
+    def _level_floor(self, obs: Observation) -> float:
+        """The smallest spread a level is credited with: ``level_noise`` x the usual window noise."""
+        usual = self._usual_noise(obs)
+        return max(self.level_sd_floor, self.level_noise * usual) if usual else self.level_sd_floor
+
     def _new_level(self, obs: Observation) -> bool:
         """The last ``persist`` shifted sessions agree with each other and with ``obs``."""
         shifted = self._shifted.get(self._key(obs), [])
         if len(shifted) < self.persist or obs.incumbent_samples_per_s is None:
             return False
         recent = shifted[-self.persist:]
-        sd = _robust_sd(recent, self.level_sd_floor)
+        floor = self._level_floor(obs)
+        sd = _robust_sd(recent, floor)
         centre = statistics.median(recent)
-        agree = max(recent) - min(recent) <= 2 * self.level_limit * self.level_sd_floor
+        agree = max(recent) - min(recent) <= 2 * self.level_limit * floor
         return agree and abs(math.log(obs.incumbent_samples_per_s) - centre) <= self.level_limit * sd
 
     def _level_reason(self, obs: Observation) -> str:
@@ -270,7 +331,7 @@ class StabilityGuard:
         if self._new_level(obs):
             return ""
         centre = statistics.median(history)
-        sd = _robust_sd(history, self.level_sd_floor)
+        sd = _robust_sd(history, self._level_floor(obs))
         z = (math.log(obs.incumbent_samples_per_s) - centre) / sd
         if abs(z) <= self.level_limit:
             return ""
@@ -287,7 +348,7 @@ class StabilityGuard:
                 f"window noise {obs.noise:.0%}, above the {self.noise_ceiling:.0%} a steady machine shows "
                 f"(load that comes and goes within the session)"
             )
-        noises = self._noises.get(self._key(obs), [])
+        noises = self._noises.get(self._noise_key(obs), [])
         if len(noises) < self.min_noise_history:
             return ""
         # The pooled spread (root mean square), not the median of the spreads: with few
@@ -295,13 +356,18 @@ class StabilityGuard:
         # freedom), so a median of a handful of them often sits far below the machine's
         # real noise and ordinary sessions would then look "3x noisier". The mean of the
         # variances estimates the real one without that bias.
+        # The ratio allowed grows while that pool is small: a session's noise over it is an F
+        # ratio; three sessions of three windows put its 1-in-1,000 point at 5.2x, not 3x.
         recent = noises[-3 * self.history:]
-        usual = math.sqrt(sum(n * n for n in recent) / len(recent))
-        if obs.noise <= self.noise_floor or obs.noise <= self.noise_ratio * usual:
+        usual = math.sqrt(sum(n * n for n, _ in recent) / len(recent))
+        from scipy.stats import f as f_dist
+        df_usual = sum(max(d, 1) if d else 2 for _, d in recent)
+        ratio = max(self.noise_ratio, math.sqrt(f_dist.isf(self.noise_alarm, obs.noise_df or 2, df_usual)))
+        if obs.noise <= self.noise_floor or obs.noise <= ratio * usual:
             return ""
         return (
             f"window noise {obs.noise:.0%} against a usual {usual:.0%} "
-            f"(more than {self.noise_ratio:g}x and above {self.noise_floor:.0%})"
+            f"(more than {ratio:.1f}x and above {self.noise_floor:.0%})"
         )
 
     def check(self, obs: Observation) -> Check:
@@ -334,7 +400,7 @@ class StabilityGuard:
                 self._levels.setdefault(key, []).append(level)
             self._shifted.pop(key, None)
             if obs.noise is not None:
-                self._noises.setdefault(key, []).append(obs.noise)
+                self._noises.setdefault(self._noise_key(obs), []).append((obs.noise, obs.noise_df))
         elif level is not None and not self._noise_reason(obs):
             # A shifted level with ordinary noise: a candidate for the machine's new level.
             self._shifted.setdefault(key, []).append(level)
@@ -350,6 +416,7 @@ class StabilityGuard:
                 "role": obs.role,
                 "settings_hash": obs.settings_hash,
                 "where": obs.where,
+                "kind": obs.kind,
                 "samples_per_s": obs.incumbent_samples_per_s,
                 "noise": obs.noise,
                 "stable": check.stable,
@@ -438,6 +505,8 @@ def final_disagreement(
     baseline_tolerance: float = 0.3,
     prediction_level: float = 0.95,
     baseline_label: str = "the baseline trial",
+    fresh_process: bool | None = None,
+    spread_floor: float = 0.05,
 ) -> str | None:
     """A warning when the final check disagrees with earlier measurements of the same settings.
 
@@ -452,10 +521,15 @@ def final_disagreement(
       the demo scattered over 322-507 samples/s on a quiet machine, and a fixed 30 %
       tolerance flagged two quiet demo runs of three. So it is compared with the ``prediction_level``
       prediction interval for one more process, from the final check's baseline arms on
-      the log scale (``final["baseline_arms_samples_per_s"]``, Student t), and never more
-      strictly than ``baseline_tolerance``. A machine whose speed really moved (1,300
-      against 270-350 samples/s in the case that prompted this check) is still far
-      outside it.
+      the log scale (``final["baseline_arms_samples_per_s"]``, Student t), never more
+      strictly than ``spread_floor``: the interval scales with the machine's own
+      scatter, so a 20-30 % change of a GPU's clock at 1 % noise shows. With fewer than
+      three such arms, the fixed ``baseline_tolerance`` applies. An earlier figure from a
+      one-shot fresh process (``fresh_process``: the baseline trial) is not like with
+      like: fresh processes and forked arms of the same settings differ by 1.2-1.5x on
+      a quiet machine, so it counts only beyond ``FRESH_PROCESS_TOLERANCE`` (twice or
+      half) on the log scale. A machine whose speed really moved (1,300 against 270-350
+      samples/s in the case that prompted this check) is still far outside it.
 
     Args:
         final: The results document's ``final`` section (``ci``, ``speedup``,
@@ -468,6 +542,11 @@ def final_disagreement(
         prediction_level: Level of the prediction interval from the final check's
             baseline arms (used when it has three or more).
         baseline_label: What measured ``baseline_samples_per_s``, for the message.
+        fresh_process: ``baseline_samples_per_s`` is a one-shot fresh process, not a live
+            session arm; None: it is when ``baseline_label`` is the default (the baseline
+            trial).
+        spread_floor: The least relative difference tolerated when the final check's own
+            baseline arms give the prediction interval.
 
     Returns:
         The warning text, or None when everything agrees.
@@ -501,7 +580,11 @@ def final_disagreement(
             spread = st.t.ppf(0.5 + prediction_level / 2, n - 1) * statistics.stdev(arms) * math.sqrt(1 + 1 / n)
             # The arms' mean on the log scale: the figure the prediction interval is centred on.
             off = statistics.fmean(arms) - math.log(float(baseline_samples_per_s))
-            tolerance = max(tolerance, spread)
+            tolerance = max(math.log1p(spread_floor), spread)
+        if fresh_process is None:
+            fresh_process = baseline_label == "the baseline trial"
+        if fresh_process:
+            tolerance = max(tolerance, math.log(FRESH_PROCESS_TOLERANCE))
         if abs(off) > tolerance:
             problems.append(
                 f"the final check measured the baseline settings at {_fmt_rate(float(final_base))} samples/s, "

@@ -62,9 +62,11 @@ from trainopt.contract.boundary import FORKSERVER_PARENT_VAR, child_environment
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.session import SessionResult
 from trainopt.decide.session_plan import (
+    FIRST_WINDOW_FAST,
     HOPELESS,
     arm_preload,
     arm_result,
+    cuttable_arms,
     fallback_reason,
     hopeless_arms,
     round_orders,
@@ -233,6 +235,7 @@ class InterleavedSessionRunner:
             rounds = self.rounds or int(requests[0].spec["measure"]["windows"])
             orders: list[list[int]] = []
             retired: list[int] = []
+            cuttable = cuttable_arms([q.trial_id for q in requests], [q.settings for q in requests])
             for r, order in enumerate(round_orders(n, rounds, seed)):
                 ran = []
                 for i in order:
@@ -250,17 +253,17 @@ class InterleavedSessionRunner:
                         arm.pause()
                     ran.append(i)
                 orders.append(ran)
-                if r == 0 and n > 1:
-                    # Only arms with other settings than the incumbent's: a copy of the
-                    # incumbent is never hopeless, whatever one window of it says.
-                    retired = hopeless_arms([a.windows[0]["samples"] / a.windows[0]["elapsed_s"]
-                                             if a.windows and not a.failure
-                                             and (i == 0 or q.settings != requests[0].settings) else None
-                                             for i, (a, q) in enumerate(zip(arms, requests))])
+                if n > 1:
+                    # The cut is judged after every round on each arm's windows so far,
+                    # only where it may act (a screen's candidates; see cuttable_arms).
+                    rates = [[w["samples"] / w["elapsed_s"] for w in a.windows] if not a.failure else []
+                             for a in arms]
+                    retired += [i for i in hopeless_arms(rates, cuttable) if i not in retired]
             note = ""
             if retired:
-                note = (f"arm{'s' if len(retired) > 1 else ''} {', '.join(map(str, retired))} ran below "
-                        f"{HOPELESS:.2f}x the incumbent in the first round and measured no further windows")
+                note = (f"arm{'s' if len(retired) > 1 else ''} {', '.join(map(str, sorted(retired)))} ran below "
+                        f"{HOPELESS:.2f}x the incumbent (below {HOPELESS / FIRST_WINDOW_FAST:.2f}x after one window) "
+                        f"and measured no further windows")
             for arm in arms:
                 if not arm.failure:
                     arm.resume()

@@ -33,6 +33,7 @@ Schema (``schema_version`` 1)::
     speedup, speedup_ci: [low, high] | null   # of best against the baseline (null while partial
                                  # and nothing is confirmed)
     final: {verdict, reason, n_pairs, speedup, ci, samples_per_s, baseline_samples_per_s,
+            contradicted, claim_check: {claim, upper, level, contradicted, n_pairs},
             reused_pairs?, unstable?}
                                  # the final check of the final settings, whatever its verdict;
                                  # reused_pairs: how many of its pairs are the only kept
@@ -44,9 +45,15 @@ Schema (``schema_version`` 1)::
               peak_memory_bytes, step_time_s, data_wait_fraction, windows, steady_from,
               steady, compile_s, warmup_s, wall_s, error, log}]
     batch_size: {start, limit, max_fitting, safe_max, margin, probes: [{size, fits, status,
-                 peak_memory_bytes}], lr_hint}
+                 peak_memory_bytes}], lr_hint, probe_items?}
+                                 # probe_items: each probe batch held the largest items of a
+                                 # sample: {sampled, dataset_len, largest, median, smallest,
+                                 # in_batch, unit, batch_size} (of the largest probe)
     env: fingerprint of the machine (from the baseline trial)
     measure: the measurement settings used; counts: {trials_run, trials_reused}
+    error_rates: {scope, knobs, per_knob, search, text}   # the chance of adopting a change
+                                 # without effect, per knob and for the whole search
+                                 # (measure.error_scope; trainopt/decide/sequential.py)
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from typing import Any
 from trainopt.decide import plan
 from trainopt.decide.recommendation import recommend
 from trainopt.decide.run_costs import advise
+from trainopt.decide.sequential import false_adoption
 from trainopt.search.state import SearchState, TrialRecord
 from trainopt.version import __version__
 
@@ -171,11 +179,26 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
         "batch_size": state.batch_info,
         "env": base.env if base else {},
         "measure": state.measure,
+        "error_rates": _error_rates(state),
         "counts": {"trials_run": state.ran, "trials_reused": state.reused},
         "sessions": _sessions_summary(state),
         "stability": state.guard.to_dict() if state.guard is not None else None,
         "warnings": list(state.warnings),
     }
+
+
+def _error_rates(state: SearchState) -> dict[str, Any]:
+    """The chance of adopting a change without effect, per knob and for the whole search, in numbers and words."""
+    m = state.measure
+    rates = false_adoption(m.get("confidence", 0.95), len(state.planned_knobs), m.get("error_scope", "knob"))
+    per, whole, k = rates["per_knob"], rates["search"], rates["knobs"]
+    rates["text"] = (
+        f"a change without effect (no faster than 1 + min_speedup) is adopted with probability at most {per:.2%} per knob, "
+        f"so a search of {k} knob{'s' if k != 1 else ''} adopts one or more with probability at most {whole:.1%} "
+        f"(measure.error_scope: {rates['scope']}"
+        + ("; error_scope: search splits the budget over the knobs to bound the whole search)" if rates["scope"] == "knob" else ")")
+    )
+    return rates
 
 
 def _sessions_summary(state: SearchState) -> dict[str, Any]:

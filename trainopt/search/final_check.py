@@ -6,6 +6,12 @@ import math
 from typing import Any
 
 from trainopt.decide import plan
+from trainopt.decide.recommendation import (
+    check_claim,
+    claimed_speedup,
+    final_pairs,
+    pooled_pair_sd,
+)
 from trainopt.decide.sequential import holdout_estimate, holdout_pairs
 from trainopt.decide.stability import final_disagreement
 from trainopt.search.broker import TrialBroker
@@ -22,10 +28,15 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
 
     No early stop and no selection act on these pairs, so the plain interval over them
     has its nominal coverage and the speedup is unbiased; the verdict applies the same
-    boundaries as every change (``stats.verdict``). Each pair runs with no other
-    session beside it. When one change was kept, its held-out pairs are such pairs
-    already and are used instead of measuring the same comparison again
-    (``HeldOutSessions.reusable``).
+    boundaries as every change (``stats.verdict``) and only describes them. What decides
+    is ``contradicted``: whether the pairs contradict what the kept changes claim together
+    (``recommendation.check_claim``); the recommendation keeps every kept change unless
+    they do. Their number is fixed before any is measured: ``max(pairs, 6)``, and with
+    two or more kept changes enough to catch a combination no faster than the baseline
+    in 90 % of searches at the pair noise the confirmations measured
+    (``recommendation.final_pairs``, at most ``max_pairs``). Each pair runs with no other
+    session beside it. The last kept change's held-out pairs are such pairs already and
+    are used first (``HeldOutSessions.reusable``).
 
     Args:
         broker: Runs the sessions; its spec and state give the measure settings and the baseline trial.
@@ -49,7 +60,13 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
             "baseline_samples_per_s": baseline_rate,
         }
     m = broker.spec.measure
+    kept = [d for d in broker.state.decisions if d.kept]
+    claim = claimed_speedup(kept)
     n = max(m.pairs, holdout_pairs(m.confidence, m.interval))
+    if len(kept) >= 2:
+        # One kept change: the final check measures exactly the comparison its
+        # confirmation decided. Several: a combination that lost their gains must show.
+        n = final_pairs(claim, pooled_pair_sd(broker.state.decisions), n, max(n, m.max_pairs))
     reused, unstable, label = held_out.reusable(base, incumbent)
     pairs = reused[:n]
     more = n - len(pairs)
@@ -59,7 +76,7 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
         pairs += [nxt(i) for i in range(more)]
     cand = [p.candidate for p in pairs]
     inc = [p.incumbent for p in pairs]
-    out = {"settings": incumbent, "ci": None, "speedup": None, "n_pairs": 0,
+    out = {"settings": incumbent, "ci": None, "speedup": None, "n_pairs": 0, "contradicted": True,
            "samples_per_s": median_rate(cand), "baseline_samples_per_s": median_rate(inc),
            "baseline_arms_samples_per_s": [r.samples_per_s for r in inc if r.ok and r.samples_per_s]}
     failed_cand = next((r for r in cand if not r.ok), None)
@@ -69,15 +86,22 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
     if failed_inc is not None:
         return {**out, "verdict": "inconclusive",
                 "reason": f"incumbent trial {failed_inc.status} during the final check: {failed_inc.error}"}
-    iv = holdout_estimate([math.log(c.samples_per_s / i.samples_per_s) for c, i in zip(cand, inc)], m.confidence, m.interval)
+    logs = [math.log(c.samples_per_s / i.samples_per_s) for c, i in zip(cand, inc)]
+    iv = holdout_estimate(logs, m.confidence, m.interval)
+    check = check_claim(logs, claim)
     reason = f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} fresh pairs"
+    if check.upper is not None:
+        reason += (f"; {'contradicts' if check.contradicted else 'does not contradict'} the kept changes: its "
+                   f"{1 - check.level:.1%} upper bound {check.upper:.3f}x is {'below' if check.contradicted else 'at or above'} "
+                   f"the {check.claim:.3f}x they claim together")
     if reused:
         reason += f" ({label}{f'; and {more} more' if more else ''})"
         out["reused_pairs"] = n - more
     if unstable:
         out["unstable"] = "; ".join(unstable)
     return {**out, "verdict": stats.verdict(iv, m.min_speedup), "reason": reason,
-            "speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n}
+            "speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n,
+            "contradicted": check.contradicted, "claim_check": check.to_dict()}
 
 
 def final_warnings(state: SearchState, first_screen_rate: float | None) -> list[str]:

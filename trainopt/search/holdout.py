@@ -23,6 +23,7 @@ from typing import Any
 
 from trainopt.decide import plan
 from trainopt.decide.confirmation import Pair
+from trainopt.decide.recommendation import check_claim, claimed_speedup
 from trainopt.decide.sequential import holdout_estimate, holdout_pairs
 from trainopt.decide.verdict import Decision
 from trainopt.search.broker import TrialBroker
@@ -199,8 +200,12 @@ class HeldOutSessions:
         if est is None:
             d.reason += "; an incumbent arm failed in the held-out pairs, so the figure is the deciding interval's (may run high)"
             return True
-        d.speedup, d.ci, d.coverage = est.speedup, [est.low, est.high], est.coverage
-        d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n}
+        # The row's figure, interval and pair count all come from the held-out pairs; the
+        # deciding ones stay in ``extra.decision_interval``.
+        d.speedup, d.ci, d.n_pairs, d.coverage = est.speedup, [est.low, est.high], est.n, est.coverage
+        logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in held]
+        d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n,
+                              "check": check_claim(logs, claimed_speedup([d])).to_dict()}
         fill_figures(d, [p.incumbent for p in held], [p.candidate for p in held])
         d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
         if label:

@@ -11,6 +11,8 @@ improved change's figure comes from its ``HeldOutSessions``. Sessions come from 
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 from trainopt.contract.protocol import TrialResult
@@ -22,7 +24,7 @@ from trainopt.decide.screen import (
     cap_selection,
     select_for_confirmation,
 )
-from trainopt.decide.sequential import SequentialRule
+from trainopt.decide.sequential import SequentialRule, scope_family
 from trainopt.decide.verdict import Decision, judge_compile
 from trainopt.knobs import catalog as knobs
 from trainopt.search.broker import TrialBroker
@@ -114,7 +116,9 @@ class KnobStage:
                             cap=(bound, wait) if bound is not None else None)
 
     def _confirm(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str, family: int) -> Confirmation:
-        rule = self.rule or SequentialRule.from_measure(self.measure, family=family)
+        # ``error_scope: search`` splits the error budget over the search's knobs too.
+        scope = scope_family(getattr(self.measure, "error_scope", "knob"), len(self.broker.spec.search))
+        rule = self.rule or SequentialRule.from_measure(self.measure, family=family * scope)
         # A rule that cannot say when it next may stop gets its pairs one at a time.
         next_look = getattr(rule, "next_look", lambda n: n + 1)
         looks = [look.n for look in getattr(rule, "looks", ())]
@@ -213,6 +217,11 @@ class KnobStage:
         conf = self._confirm(incumbent, settings, knob, stage, family)
         d.verdict, d.reason = conf.verdict, conf.reason
         d.extra["confirmed_with"] = family
+        logs = [math.log(c.samples_per_s / i.samples_per_s) for c, i in zip(conf.candidate, conf.incumbent)
+                if c.ok and i.ok and c.samples_per_s and i.samples_per_s]
+        if len(logs) >= 2:
+            # The pair noise measured here sizes the final check (``recommendation.final_pairs``).
+            d.extra["pair_sd"] = {"sd": statistics.stdev(logs), "n": len(logs)}
         if conf.interval is None:
             # A failure, or a futility stop at a look that may claim nothing: the pairs
             # measured, without an interval (the reason carries the estimate).

@@ -389,7 +389,10 @@ class TrialStore:
         elif stored != spec_fingerprint:
             raise SpecChangedError(
                 f"the stored search {study_name!r} in {masked_url(url)} was made from a different spec "
-                f"(stored {stored}, now {spec_fingerprint}); use --fresh to start over, or another --out "
+                f"(stored {stored}, now {spec_fingerprint}); its trials were measured and decided under that spec, "
+                f"and reusing them under another one (a larger measure.max_pairs, another confidence, margin or "
+                f"error_scope) would extend confirmations after their data were seen, which voids their error bound; "
+                f"use --fresh to start over, or another --out "
                 f"(with --storage: another spec name or another --storage)"
             )
         self.space = self._space(space)

@@ -45,7 +45,7 @@ from trainopt.trial.applier import resolve_device
 from trainopt.trial.faults import fault_status
 from trainopt.trial.memory import PeakMemory, cap_memory
 
-__all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE"]
+__all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE", "REWARM_MIN_S"]
 
 # Untimed re-warm steps run only while one step is at most this share of a window. The
 # re-warm reloads what another arm evicted while this one was paused (caches, the
@@ -54,6 +54,11 @@ __all__ = ["serve", "send", "receive", "rewarm_for", "REWARM_SHARE"]
 # step; +4 and -1 ms in two runs at 355 ms), about 1 % of a one-step window, while the re-warm step itself
 # costs a whole step: from a quarter-window step on it adds 25-100 % to every window.
 REWARM_SHARE = 0.25
+# With steps of a few milliseconds (a GPU), one step re-warms too little: after a pause an
+# accelerator's clocks and power state take tens of milliseconds to come back, not one
+# step's worth. The re-warm then lasts at least this long (still within the share above);
+# at the CPU demo's 60 ms steps it is the one step it was.
+REWARM_MIN_S = 0.05
 
 
 def send(conn: Connection, message: dict[str, Any]) -> None:
@@ -259,10 +264,18 @@ def _relocate(trainer) -> None:
 
 
 def rewarm_for(typical_step_s: float, window_seconds: float, rewarm_steps: int,
-               share: float = REWARM_SHARE) -> int:
-    """Re-warm steps before each window: ``rewarm_steps`` while a step is at most ``share``
-    of a window, 0 for longer steps."""
-    return rewarm_steps if typical_step_s <= share * window_seconds else 0
+               share: float = REWARM_SHARE, min_seconds: float = REWARM_MIN_S) -> int:
+    """Re-warm steps before each window.
+
+    ``rewarm_steps`` (0: none) while a step is at most ``share`` of a window, 0 for longer
+    steps; raised, where that takes more steps, to cover ``min_seconds`` but no more than
+    ``share`` of a window.
+    """
+    if rewarm_steps <= 0 or typical_step_s > share * window_seconds:
+        return 0
+    step = max(typical_step_s, 1e-9)
+    raised = min(math.ceil(min_seconds / step), int(share * window_seconds / step))
+    return max(rewarm_steps, raised)
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:

@@ -178,14 +178,18 @@ def test_sequential_session_runs_arms_in_a_seeded_order_and_returns_them_in_requ
         assert result.arms[i].samples_per_s == k + 1
 
 
-def test_hopeless_arms_are_those_far_below_the_incumbent_in_their_first_window():
-    from trainopt.decide.session_plan import HOPELESS, hopeless_arms
+def test_hopeless_arms_are_those_far_below_the_incumbent_in_every_window_so_far():
+    from trainopt.decide.session_plan import FIRST_WINDOW_FAST, HOPELESS, hopeless_arms
 
-    assert hopeless_arms([100.0, 40.0, 58.0, 200.0, None]) == [1]
-    assert hopeless_arms([100.0, 100 * HOPELESS, 100 * HOPELESS - 0.01]) == [2]
+    one = HOPELESS / FIRST_WINDOW_FAST
+    # After one window: only below HOPELESS / FIRST_WINDOW_FAST of the incumbent's first.
+    assert hopeless_arms([[100.0], [30.0], [40.0], [200.0], []]) == [1]
+    assert hopeless_arms([[100.0], [100 * one], [100 * one - 0.01]]) == [2]
+    # After two: the arm's fastest window against the incumbent's slowest.
+    assert hopeless_arms([[150.0, 100.0], [45.0, 49.0], [45.0, 51.0]]) == [1]
     # The incumbent never stops, and without its figure no arm is judged.
-    assert hopeless_arms([None, 1.0, 2.0]) == []
-    assert hopeless_arms([10.0]) == []
+    assert hopeless_arms([[], [1.0], [2.0]]) == []
+    assert hopeless_arms([[10.0]]) == []
     assert hopeless_arms([]) == []
 
 
@@ -198,6 +202,18 @@ def test_rewarm_steps_are_kept_for_short_steps_and_dropped_for_long_ones():
     assert rewarm_for(REWARM_SHARE * 0.5 + 0.01, 0.5, 1) == 0
     assert rewarm_for(1.2, 0.5, 1) == 0
     assert rewarm_for(0.01, 0.5, 0) == 0
+
+
+def test_millisecond_steps_rewarm_for_a_minimum_time_within_the_share():
+    from trainopt.trial.arm import REWARM_MIN_S, REWARM_SHARE, rewarm_for
+
+    # A 1 ms step: one step would re-warm for 1 ms; the re-warm covers REWARM_MIN_S instead.
+    steps = rewarm_for(0.001, 2.0, 1)
+    assert steps * 0.001 >= REWARM_MIN_S and steps * 0.001 <= REWARM_SHARE * 2.0
+    # A short window caps it at its share.
+    assert rewarm_for(0.001, 0.1, 1) == int(REWARM_SHARE * 0.1 / 0.001)
+    # The CPU demo's 60 ms step keeps its single re-warm step.
+    assert rewarm_for(0.06, 0.5, 1) == 1
 
 
 def test_only_a_compiled_arm_asks_the_fork_server_for_the_compiler():

@@ -212,6 +212,18 @@ def test_a_changed_spec_is_refused_by_the_store(tmp_path):
     assert TrialStore(url, "tiny", "bbbb", fresh=True).records() == []
 
 
+@pytest.mark.parametrize("change", [{"max_pairs": 16}, {"confidence": 0.8}, {"min_speedup": 0.01}, {"error_scope": "search"}])
+def test_a_stored_search_run_again_with_another_pair_budget_is_refused_with_the_reason(tmp_path, change):
+    # Extending a confirmation's budget after its pairs were seen voids its error bound:
+    # the stored confirmations are not reused under the new budget.
+    search, spec = make_search(tmp_path, FakeRunner({("amp", "bf16"): 1.5}), {"amp": ["off", "bf16"]})
+    search.run()
+    other = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure={"pairs": 4, "max_pairs": 8, **change}),
+                           "t.yaml", tmp_path)
+    with pytest.raises(SpecChangedError, match="voids their error bound"):
+        TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", other.name, other.fingerprint())
+
+
 def _best_yaml(tmp_path, doc, spec):
     import yaml
 

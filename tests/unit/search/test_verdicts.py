@@ -136,3 +136,87 @@ def test_reported_speedups_of_kept_changes_are_not_inflated(tmp_path, effect):
     assert abs(mean / effect - 1) <= 0.02, f"mean reported {mean:.4f} for a true {effect}"
     # The held-out interval keeps its nominal 95 % coverage among kept changes.
     assert not_above(len(reported) - covered, len(reported), 0.05), f"covered {covered}/{len(reported)}"
+
+
+# ---- what reaches best.yaml: every kept change unless the final check contradicts them ----
+
+BOTH = {"amp": ["off", "bf16"], "num_workers": [0, 1]}
+PLANTED = [({"amp": "bf16", "num_workers": 1}, {"amp": "off", "num_workers": 0}, 1 / 1.21)]
+
+
+def two_wins(tmp_path, seed, sd, beside=None):
+    """One search of two knobs, each a true +10 % change; returns (both kept, best.yaml holds both, the document)."""
+    spec = spec_from_dict(tiny_spec_dict(search=BOTH, measure=DEFAULT_BUDGET), "t.yaml", tmp_path)
+    runner = FakeRunner({("amp", "bf16"): 1.10, ("num_workers", 1): 1.10}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed,
+                        beside=beside)
+    doc = Search(spec, tmp_path, runner, MemoryStore()).run()
+    best = doc["best"]["settings"]
+    return sum(d["kept"] for d in doc["decisions"]) == 2, best["amp"] == "bf16" and best["num_workers"] == 1, doc
+
+
+@pytest.mark.parametrize("sd", [0.09, 0.02])
+def test_two_confirmed_wins_both_reach_best_yaml(tmp_path, sd):
+    # The final check keeps every kept change it does not contradict: at 0.09 a 6-pair
+    # final check that had to say "improved" kept both in only about half the searches.
+    n = 150
+    runs = [two_wins(tmp_path, seed, sd) for seed in range(n)]
+    kept_both = sum(k for k, _, _ in runs)
+    handed = sum(h for _, h, _ in runs)
+    assert all(k for k, h, _ in runs if h)
+    assert handed >= 0.97 * kept_both, f"best.yaml held both in {handed} of {kept_both} searches keeping both"
+    assert kept_both / n >= (0.85 if sd == 0.09 else 0.95), f"both kept in {kept_both}/{n}"
+    # The figure comes from the final check's pairs, which chose nothing but the contradiction test.
+    reported = [doc["speedup"] for _, h, doc in runs if h]
+    assert abs(statistics.fmean(reported) / 1.21 - 1) <= 0.02
+    assert all(doc["best"]["n_pairs"] == doc["final"]["n_pairs"] for _, h, doc in runs if h)
+
+
+def test_a_planted_interaction_that_makes_the_combination_no_faster_is_caught(tmp_path):
+    # Each change confirms against its incumbent, but the combination, measured beside the
+    # baseline, is no faster than it: only the final check sees that.
+    n = 150
+    runs = [two_wins(tmp_path, seed, 0.09, PLANTED) for seed in range(n)]
+    kept_both = [doc for k, _, doc in runs if k]
+    caught = sum(not h for k, h, _ in runs if k)
+    assert binom.cdf(caught, len(kept_both), 0.90) >= 0.001, f"caught {caught} of {len(kept_both)}"
+    # What is recommended instead is the first kept change, a real +10 %.
+    fallback = [doc["best"] for doc in kept_both if doc["best"]["source"] == "first-kept-change"]
+    assert len(fallback) >= caught - 3
+
+
+# ---- skewed pair noise: the ratio of mean throughputs at the margin ----
+
+@pytest.mark.parametrize("shape", ["mixture", "lognormal"])
+def test_at_the_cpu_pair_noise_a_skewed_change_whose_mean_gain_is_at_the_margin_is_rarely_improved(tmp_path, shape):
+    # At a GPU's 2 % noise the skew dominates and no rule over a few dozen pairs bounds
+    # this, nor does it for 10 % slow outlier pairs (3.7 % at 0.09; docs/deciding.md); for
+    # the 80/20 mixture and a skewed log-normal at the 2-core CPU's 0.09 the bound holds.
+    from tests.fakes import SKEW_MEAN
+
+    n = 300
+    wins = 0
+    for seed in range(n):
+        spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure=DEFAULT_BUDGET), "t.yaml", tmp_path)
+        runner = FakeRunner({("amp", "bf16"): 1.03 / SKEW_MEAN[shape]}, arm_sd=0.09 / math.sqrt(2), session_sd=0.1, seed=seed,
+                            skewed={("amp", "bf16"): shape})
+        doc = Search(spec, tmp_path, runner, MemoryStore()).run()
+        wins += any(d["verdict"] == "improved" for d in doc["decisions"] if d["knob"] == "amp")
+    assert not_above(wins, n, 0.025), f"{wins}/{n} improved"
+
+
+# ---- the error of a whole search ----
+
+NULL_KNOBS = {"amp": ["off", "bf16"], "channels_last": [False, True], "num_workers": [0, 1], "threads": [1, 2],
+              "sync_every": [1, 8], "optimizer_impl": ["default", "foreach"]}
+
+
+def test_a_search_scoped_error_budget_bounds_the_whole_search(tmp_path):
+    n = 200
+    adopted = 0
+    for seed in range(n):
+        measure = {**DEFAULT_BUDGET, "error_scope": "search", "min_speedup": 0.0}
+        spec = spec_from_dict(tiny_spec_dict(search=NULL_KNOBS, measure=measure), "t.yaml", tmp_path)
+        doc = Search(spec, tmp_path, FakeRunner({}, arm_sd=0.09 / math.sqrt(2), session_sd=0.1, seed=seed), MemoryStore()).run()
+        adopted += any(d["kept"] for d in doc["decisions"])
+        assert doc["error_rates"]["search"] == pytest.approx(0.025) and doc["error_rates"]["knobs"] == 6
+    assert not_above(adopted, n, 0.025), f"{adopted}/{n} searches adopted a change without effect"

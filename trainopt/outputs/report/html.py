@@ -419,7 +419,7 @@ def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str
 
 # How the report names where the recommended settings come from (results.json best.source).
 SOURCE_TEXTS = {
-    "final-check": "the final settings, confirmed by the final check",
+    "final-check": "the final settings, every kept change, which the final check does not contradict",
     "first-kept-change": "the baseline plus the first kept change only: the last settings confirmed against the baseline",
     "baseline": "the baseline settings: nothing else was confirmed against the baseline",
 }
@@ -534,6 +534,7 @@ def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir:
         "windows_img": inline.get("windows.png"),
         "stability": _stability_section(doc, inline.get("stability.png")),
         "warnings": [str(w) for w in doc.get("warnings") or [] if w],
+        "error_rates": str((doc.get("error_rates") or {}).get("text") or ""),
         "knobs": _knob_sections(doc),
         "batch": _batch_section(doc, inline.get("batch_size.png")),
         "compile": _compile_rows(doc),
