@@ -172,3 +172,19 @@ def test_finish_distributed_collects_ddp_before_destroying_the_group(tmp_path, c
                           capture_output=True, text=True, env=cli_env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == {"cycle": True, "after": False, "group": False}
+
+
+def test_a_ddp_probe_trains_every_rank_on_the_largest_items(tmp_path, write_spec):
+    from trainopt.contract.protocol import TrialRequest
+    from trainopt.contract.spec import load_spec
+    from trainopt.execute.runner import SubprocessRunner
+
+    loaded = load_spec(write_spec(tiny_spec_dict(distributed=DISTRIBUTED), name="probe.yaml"))
+    settings = {**loaded.baseline, "batch_size": 32}
+    request = TrialRequest(spec=loaded.resolved(), source_dir=str(loaded.source_dir()), settings=settings,
+                           mode="probe", result_path=str(tmp_path / "probe.result.json"), trial_id="probe")
+    result = SubprocessRunner().run(request, tmp_path / "probe.log", 180)
+    assert result.status == "ok", (result.error, (tmp_path / "probe.log").read_text()[-3000:])
+    # Every rank drew a whole batch of 32 from the largest items sampled (all 512 items of the set).
+    assert result.world_size == 2 and result.probe_items["sampled"] == 512
+    assert result.peak_memory_bytes > 0

@@ -197,6 +197,9 @@ def _error_rates(state: SearchState) -> dict[str, Any]:
         f"so a search of {k} knob{'s' if k != 1 else ''} adopts one or more with probability at most {whole:.1%} "
         f"(measure.error_scope: {rates['scope']}"
         + ("; error_scope: search splits the budget over the knobs to bound the whole search)" if rates["scope"] == "knob" else ")")
+        + ", for pair noise symmetric about the true speedup. Each speedup shown is the typical pair's "
+        "(a Hodges-Lehmann estimate): where a few pairs run much slower than the rest, the gain in mean "
+        "throughput can be lower"
     )
     return rates
 

@@ -148,6 +148,7 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         measure_throughput,
         probe_memory,
     )
+    from trainopt.trial.probe_items import largest_items
     from trainopt.trial.workloads import build_workload
 
     settings = dict(request.settings)
@@ -181,6 +182,11 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         if reason:
             result.status, result.error = "not_applicable", reason
             return result, False
+        if request.mode == "probe":
+            # As in a single-process probe: each rank's batch holds the largest items sampled,
+            # so the worst rank's peak is production's worst batch.
+            workload.dataset, result.probe_items = largest_items(
+                workload.dataset, settings["batch_size"], seed=seed, copies=world)
         trainer = Trainer(workload, settings, device, seed=seed, ddp=group)
         result.env["torch_threads"] = torch.get_num_threads()
         if request.mode == "probe":

@@ -72,7 +72,8 @@ def _sample_indices(n: int, limit: int, seed: int) -> list[int]:
 
 
 def largest_items(dataset: Any, batch_items: int, seed: int = 0, limit: int = SAMPLE_ITEMS,
-                  seconds: float = SAMPLE_SECONDS, clock=time.perf_counter) -> tuple[LargestItems, dict[str, Any]]:
+                  seconds: float = SAMPLE_SECONDS, clock=time.perf_counter,
+                  copies: int = 1) -> tuple[LargestItems, dict[str, Any]]:
     """A data set of the ``batch_items`` largest sampled items, and what was found.
 
     Args:
@@ -82,6 +83,8 @@ def largest_items(dataset: Any, batch_items: int, seed: int = 0, limit: int = SA
         limit: Items sampled at most.
         seconds: Stop sampling after this long (the items read so far are ranked).
         clock: The time source.
+        copies: Batches' worth of items in the returned set: the ranks of a data-parallel
+            probe each draw a whole batch from it, every one of the largest items.
 
     Returns:
         The probe's data set and ``{sampled, dataset_len, largest, median, smallest, in_batch, unit}``
@@ -106,4 +109,4 @@ def largest_items(dataset: Any, batch_items: int, seed: int = 0, limit: int = SA
         "in_batch": chosen[-1][0],
         "unit": "elements",
     }
-    return LargestItems(dataset, [index for _, index in chosen], max(batch_items, 1)), info
+    return LargestItems(dataset, [index for _, index in chosen], max(batch_items, 1) * max(copies, 1)), info

@@ -54,6 +54,18 @@ def test_a_probe_batch_is_the_largest_items_of_a_set_small_enough_to_read_whole(
     assert info["sampled"] == 300 and info["largest"] == 5001 and info["median"] == 9 and info["in_batch"] == 9
 
 
+def test_a_data_parallel_probe_gives_every_rank_a_whole_batch_of_the_largest_items():
+    lengths = [8] * 300
+    lengths[5], lengths[250] = 700, 600
+    probe, _ = largest_items(Lengths(lengths), batch_items=2, copies=3)
+    # Three ranks' sampler shards of this set hold two items each, all of them the two largest.
+    assert len(probe) == 6
+    shards = [list(torch.utils.data.DistributedSampler(probe, num_replicas=3, rank=r, shuffle=True, seed=1))
+              for r in range(3)]
+    for shard in shards:
+        assert len(shard) == 2 and {len(probe[i]["input_ids"]) for i in shard} <= {700, 600}
+
+
 def test_a_large_set_is_sampled_within_the_bound_spread_over_the_whole_set():
     lengths = list(range(1, 10_001))  # the longest items sit at the end
     data = Lengths(lengths)
