@@ -7,10 +7,23 @@ searches, feeds their trials in the order they ran to a ``ConsoleProgress`` and 
 each knob's screen with the number it selected, after each knob), so a change to either
 is judged on searches that really ran, without running them again. It prints, per search,
 how many progress lines with more than a minute left had an ETA within 25 % of the time
-that actually remained, and the median error.
+that actually remained, and the median error. It also judges the prices alone: at each
+line, the trials that really followed, each priced as the progress prices it at that line,
+against the time they really took (the error left once the amount of work is known).
+
+Each search is replayed twice: with the kinds of trial priced at the fixed prior weights
+(``plan.prior_cost``, fitted to the CPU demo) and with the prices learned from the
+search's own trials as they finish (``plan.ArmCosts``, what ``trainopt search`` does).
+With ``--gpu`` every search is also replayed re-timed as on a GPU-like machine, where
+start-up and compilation dominate differently: the same trials in the same order, each
+process costing ``--startup`` seconds (20) to start, ``--compile`` seconds (60) to compile
+when compiled (twice that for the cold-compile trial, from an empty cache), and its timed
+windows as the spec sets them (steps take milliseconds, so a window lasts its
+``window_seconds``), with a seeded 10 % scatter per process; a session's arms are
+started one after another.
 
 Usage:
-    python benchmarks/eta_replay.py OUT_DIR [OUT_DIR ...] [--verbose]
+    python benchmarks/eta_replay.py OUT_DIR [OUT_DIR ...] [--gpu] [--verbose]
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -31,32 +45,64 @@ from trainopt.decide.sequential import SequentialRule, holdout_pairs, typical_pa
 from trainopt.search.progress import ConsoleProgress  # noqa: E402
 
 
-def _events(out: Path, doc: dict) -> list[dict]:
-    """The search's trials in the order they finished, with time, cost and wall share."""
+def _gpu_wall(t: dict, measure, startup: float, compile_s: float, rng: random.Random) -> float:
+    """One trial process re-timed as on a GPU-like machine (see the module's docstring)."""
+    compiled = (t["settings"] or {}).get("compile", "off") != "off"
+    timed = measure.warmup_seconds + measure.windows * measure.window_seconds
+    if t["role"] in ("baseline", "diagnosis"):
+        timed += measure.window_seconds  # the profiled window
+    if t["role"] == "probe":
+        timed = measure.warmup_seconds
+    wall = startup + timed + (compile_s * (2.0 if t["role"] == "cold-compile" else 1.0) if compiled else 0.0)
+    return wall * rng.lognormvariate(0.0, 0.1)
+
+
+def _events(out: Path, doc: dict, gpu: dict | None = None, measure=None) -> list[dict]:
+    """The search's trials in the order they finished, with time, cost and wall share.
+
+    With ``gpu`` (``startup``, ``compile``) each process is re-timed by ``_gpu_wall`` and a
+    session's wall is the sum of its arms'.
+    """
     trials = sorted((t for t in doc["trials"] if t.get("log")), key=lambda t: t["id"])
     sessions: dict[str, list[dict]] = {}
     for t in trials:
         if t.get("session"):
             sessions.setdefault(t["session"]["id"], []).append(t)
+    rng = random.Random(0)
+    sim = {t["id"]: _gpu_wall(t, measure, gpu["startup"], gpu["compile"], rng) for t in trials} if gpu else {}
     events, clock = [], 0.0
     for t in trials:
-        result = json.loads((out / "trials" / (Path(t["log"]).stem + ".result.json")).read_text())
         cost = plan.arm_cost(t["settings"], t["role"])
         if t.get("session"):
-            span = result["env"].get("session_span") or [0.0, t.get("wall_s") or 0.0]
             arms = sessions[t["session"]["id"]]
+            if gpu:
+                span_s = sum(sim[a["id"]] for a in arms)
+                if t is arms[0]:
+                    clock += span_s
+            else:
+                result = json.loads((out / "trials" / (Path(t["log"]).stem + ".result.json")).read_text())
+                span = result["env"].get("session_span") or [0.0, t.get("wall_s") or 0.0]
+                span_s = span[1] - span[0]
+                clock = t["session"]["finished_s"]
+            # As the broker does: the arms share the session's time by their prior weights.
             weight = sum(plan.arm_cost(a["settings"], a["role"]) for a in arms)
-            wall = (span[1] - span[0]) * cost / weight
-            clock = t["session"]["finished_s"]
+            wall = span_s * cost / weight
         else:
-            wall = t.get("wall_s") or 0.0
+            wall = sim[t["id"]] if gpu else (t.get("wall_s") or 0.0)
             clock += wall
         events.append({"trial": t, "cost": cost, "wall": wall, "t": clock})
     return events
 
 
-def replay(out: Path, verbose: bool = False) -> dict:
-    """Replay one finished search; return its ETA errors."""
+def replay(out: Path, verbose: bool = False, learn: bool = True, gpu: dict | None = None) -> dict:
+    """Replay one finished search; return its ETA errors.
+
+    Args:
+        out: The search's output folder.
+        verbose: Print a sample of the replayed lines.
+        learn: Price the kinds of trial as learned from the search (else the fixed priors).
+        gpu: Re-time it as on a GPU-like machine (``startup``, ``compile`` seconds).
+    """
     doc = json.loads((out / "results.json").read_text())
     spec = load_spec(out / "spec.resolved.yaml")
     m = spec.measure
@@ -69,16 +115,17 @@ def replay(out: Path, verbose: bool = False) -> dict:
     counts["batch_probes"] = plan.typical_batch_probes(int(spec.baseline.get("batch_size") or 1), spec.batch_search.max,
                                                        capped or spec.limits.memory_gb is not None)
     order = doc["search_order"]
-    events = _events(out, doc)
+    events = _events(out, doc, gpu, m)
     ran = {e["trial"]["knob"] for e in events}
     skip = [k for k in order if k not in ran]
     selected = {k: max([d.get("extra", {}).get("confirmed_with", 0) for d in doc["decisions"] if d["knob"] == k] or [0])
                 for k in order}
     kept = [d for d in doc["decisions"] if d.get("kept")]
-    progress = ConsoleProgress(quiet=True, stream=io.StringIO())
+    progress = ConsoleProgress(quiet=True, stream=io.StringIO(), learn=learn)
     incumbent = dict(spec.baseline)
-    end = doc["elapsed_s"]
+    end = events[-1]["t"] if gpu else doc["elapsed_s"]
     points = []
+    priced: list[tuple[float, float]] = []
 
     seen: set[tuple[str, str]] = set()
 
@@ -96,7 +143,7 @@ def replay(out: Path, verbose: bool = False) -> dict:
         progress.set_remaining(plan.search_remaining(
             order, done, spec.search, skip=[k for k in skip if order.index(k) >= done], incumbent=incumbent,
             baseline=spec.baseline, selected=sel, reusable=hold if kept_now and not pending else 0, pending=pending,
-            screen_only=bounded, confirming=confirming, **counts))
+            screen_only=bounded, confirming=confirming, costs=progress.costs(), **counts))
 
     # Confirmation pairs finished per candidate, and which of the knob's candidates it is.
     pairs_done: dict[str, int] = {}
@@ -115,7 +162,12 @@ def replay(out: Path, verbose: bool = False) -> dict:
                     update(index)
         if role == "confirm" and not any(x["trial"]["knob"] == knob and x["trial"]["role"] == "confirm" for x in events[:i]):
             update(index, selected[knob])
-        result = SimpleNamespace(status=t["status"], samples_per_s=t["samples_per_s"], error=t["error"], wall_s=t["wall_s"])
+        session = t.get("session")
+        if not session:
+            progress.trial_started(knob=knob, role=role)
+        result = SimpleNamespace(status=t["status"], samples_per_s=t["samples_per_s"], error=t["error"], wall_s=t["wall_s"],
+                                 settings=t["settings"], session=session and {"id": session["id"], "arm": session["arm"],
+                                                                              "arms": session["arms"]})
         progress.trial_finished(result, wall_s=e["wall"], cost=e["cost"])
         nxt_t = events[i + 1]["trial"] if i + 1 < len(events) else None
         if role == "confirm" and (t.get("session") or {}).get("arm") == 1:
@@ -137,31 +189,63 @@ def replay(out: Path, verbose: bool = False) -> dict:
             update(index, 0)
         eta = progress._eta()
         points.append((e["t"], eta, end - e["t"], f"{knob} {role}"))
+        # The prices alone: the trials that really followed, each at the price the progress
+        # holds now (learned, or the priors), against the time they really took.
+        unit = progress.model.unit()
+        if unit is not None:
+            costs = progress.costs()
+            priced.append((unit * sum(plan.arm_cost(x["trial"]["settings"], x["trial"]["role"], costs)
+                                      for x in events[i + 1:]), end - e["t"]))
     errs = [eta / left - 1 for _, eta, left, _ in points if eta is not None and left > 60]
     good = sum(abs(x) <= 0.25 for x in errs)
+    price_errs = [p / left - 1 for p, left in priced if left > 60]
     if verbose:
         step = max(1, len(points) // 20)
         for t, eta, left, what in points[::step]:
             print(f"   {t:6.0f} s  ETA {eta or 0:5.0f}  left {left:5.0f}  {what}")
     return {"wall": end, "lines": len(errs), "within": good, "median": statistics.median(errs) if errs else None,
-            "abs": statistics.median(abs(x) for x in errs) if errs else None}
+            "abs": statistics.median(abs(x) for x in errs) if errs else None,
+            "priced_within": sum(abs(x) <= 0.25 for x in price_errs), "priced_lines": len(price_errs),
+            "priced_median": statistics.median(price_errs) if price_errs else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("outs", nargs="+", type=Path)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--gpu", action="store_true", help="also replay each search re-timed as on a GPU-like machine")
+    ap.add_argument("--startup", type=float, default=20.0, help="GPU-like: seconds to start a trial process")
+    ap.add_argument("--compile", type=float, default=60.0, help="GPU-like: seconds a compiled process compiles")
     args = ap.parse_args()
-    total = within = 0
-    abs_errs = []
-    for out in args.outs:
-        r = replay(out, args.verbose)
-        total += r["lines"]
-        within += r["within"]
-        abs_errs.append(r["abs"])
-        print(f"{out}: wall {r['wall']:.0f} s; lines with >60 s left {r['lines']}; within ±25 % {r['within']}; "
-              f"median error {r['median']:+.0%}; median |error| {r['abs']:.0%}")
-    print(f"all: {within} of {total} lines within ±25 %; median of the searches' median |error| {statistics.median(abs_errs):.0%}")
+    timings = [("as measured", None)]
+    if args.gpu:
+        timings.append((f"GPU-like (start-up {args.startup:g} s, compile {args.compile:g} s)",
+                        {"startup": args.startup, "compile": args.compile}))
+    for name, gpu in timings:
+        print(f"== {name}")
+        for learn in (False, True):
+            label = "learned prices" if learn else "fixed weights "
+            total = within = priced_total = priced_within = 0
+            abs_errs = []
+            for out in args.outs:
+                r = replay(out, args.verbose, learn=learn, gpu=gpu)
+                total += r["lines"]
+                within += r["within"]
+                if r["abs"] is not None:
+                    abs_errs.append(r["abs"])
+                median = f"{r['median']:+.0%}" if r["median"] is not None else "-"
+                absolute = f"{r['abs']:.0%}" if r["abs"] is not None else "-"
+                print(f"  {label} {out}: wall {r['wall']:.0f} s; lines with >60 s left {r['lines']}; within ±25 % "
+                      f"{r['within']}; median error {median}; median |error| {absolute}")
+                pm = f"{r['priced_median']:+.0%}" if r["priced_median"] is not None else "-"
+                print(f"  {label} {'':{len(str(out))}}  the prices alone (the work that followed known): within ±25 % "
+                      f"{r['priced_within']} of {r['priced_lines']}; median error {pm}")
+                priced_total += r["priced_lines"]
+                priced_within += r["priced_within"]
+            share = f" ({within / total:.0%})" if total else ""
+            worst = f"; median of the searches' median |error| {statistics.median(abs_errs):.0%}" if abs_errs else ""
+            print(f"  {label} all: {within} of {total} lines within ±25 %{share}{worst}; the prices alone: "
+                  f"{priced_within} of {priced_total}")
 
 
 if __name__ == "__main__":

@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trainopt.execute import scaling
 
     scaling.add_options(s)
-    s.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
+    s.add_argument("--quiet", action="store_true", help="no progress (no bar on a terminal, no per-trial lines)")
     s.add_argument("--json", action="store_true",
                    help="print the final summary as one JSON object on stdout (name, complete, baseline and best "
                         "samples/s, speedup and its interval, kept changes, bottleneck, output folder) and nothing "

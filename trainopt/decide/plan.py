@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 from typing import Any, Mapping, Sequence
 
 from trainopt.decide import bottleneck as bottlenecks
@@ -33,6 +34,12 @@ __all__ = [
     "search_remaining",
     "typical_batch_probes",
     "memory_bound",
+    "arm_kind",
+    "KINDS",
+    "PROCESS_COUNT",
+    "prior_cost",
+    "arm_cost",
+    "ArmCosts",
 ]
 
 
@@ -187,25 +194,145 @@ ROLE_COST = {"baseline": 2.4, "diagnosis": 2.4, "probe": 1.8, "screen": 1.4}
 COLD_COMPILE_COST = 14.0
 
 
-def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "") -> float:
+def arm_kind(settings: Mapping[str, Any] | None = None, role: str = "") -> str:
+    """Which kind of trial process the ETA prices: ``cold-compile``, or the role's kind
+    (``baseline``, ``diagnosis``, ``probe``, ``screen``; ``plain`` for the arms of
+    confirmation, held-out and final-check sessions) with ``+compiled`` for a compiled one."""
+    if role == "cold-compile":
+        return "cold-compile"
+    base = role if role in ROLE_COST else "plain"
+    return base + ("+compiled" if settings and settings.get("compile", "off") != "off" else "")
+
+
+# Every kind ``arm_kind`` names; ``PROCESS_COUNT`` prices each at one process, so that
+# ``search_remaining`` with it counts trial processes instead of plain arms.
+KINDS = ("cold-compile",) + tuple(f"{base}{c}" for base in ("plain", *ROLE_COST) for c in ("", "+compiled"))
+PROCESS_COUNT = {kind: 1.0 for kind in KINDS}
+
+
+def prior_cost(kind: str) -> float:
+    """What a kind of trial process costs in plain arms before this search measured any:
+    the demo's figures above (``ROLE_COST``, ``COMPILED_ARM_COST``, ``COLD_COMPILE_COST``)."""
+    if kind == "cold-compile":
+        return COLD_COMPILE_COST
+    base, _, compiled = kind.partition("+")
+    return max(COMPILED_ARM_COST if compiled else 1.0, ROLE_COST.get(base, 1.0))
+
+
+def arm_cost(settings: Mapping[str, Any] | None = None, role: str = "",
+             costs: Mapping[str, float] | None = None) -> float:
     """What one trial process costs, in plain session arms (for the ETA).
 
     Args:
-        settings: The trial's settings (a compiled arm costs ``COMPILED_ARM_COST``).
+        settings: The trial's settings (a compiled arm costs more).
         role: The trial's role: ``cold-compile`` for the one-shot cold-compile trial,
             the roles in ``ROLE_COST`` for the others that cost more than a plain arm.
+        costs: Prices by ``arm_kind`` learned from this search (``ArmCosts.costs``); a
+            kind it does not name is priced at its ``prior_cost``.
     """
-    if role == "cold-compile":
-        return COLD_COMPILE_COST
-    compiled = COMPILED_ARM_COST if settings and settings.get("compile", "off") != "off" else 1.0
-    return max(compiled, ROLE_COST.get(role, 1.0))
+    kind = arm_kind(settings, role)
+    if costs is not None and kind in costs:
+        return float(costs[kind])
+    return prior_cost(kind)
+
+
+# How many measured trials the prior price of a kind is worth: after n trials of a kind its
+# price is (PRIOR_WEIGHT * prior + n * measured mean) / (PRIOR_WEIGHT + n). One: the priors
+# come from one CPU, and a GPU's start-up and compile costs put the kinds 2-3x apart from it.
+PRIOR_WEIGHT = 1.0
+# A kind that has no measured trials of its own but one that costs alike: the diagnosis trial
+# of the recommended settings is a one-shot fresh process with a profiled window, as the
+# baseline trial is (it runs last, so it is never measured before it is priced).
+LIKE = {"diagnosis": "baseline", "diagnosis+compiled": "baseline+compiled"}
+
+
+class ArmCosts:
+    """What each kind of trial process costs in this search, learned from its own trials.
+
+    A plain arm (a confirmation, held-out or final-check session arm without compile) is
+    the unit. Its price in seconds is the median of the recent ``RECENT`` arms, each of
+    them converted to plain arms by its kind's price at the time; recent, because a
+    trial's cost follows the incumbent (a larger batch adopted makes every later arm
+    dearer), the median so that one very slow arm does not set the price of the rest.
+
+    Every other kind (``arm_kind``) starts at its ``prior_cost`` and moves to the mean of
+    the ratios measured in this search as its trials finish (``PRIOR_WEIGHT``). A ratio is
+    a trial's wall time over the plain arms' price of that time (the median of the recent
+    plain arms; trials that finished before any plain arm are measured against the first
+    ones). A session is observed as a whole: its arms ran side by side, so its wall time
+    is known only for all of them together. Where its arms are of several kinds, the
+    cheaper kinds are taken at their current prices and what is left is the dearest
+    kind's (a compiled arm beside a plain one).
+    """
+
+    RECENT = 16
+
+    def __init__(self) -> None:
+        self._ratios: dict[str, list[float]] = {}
+        self._plain: list[float] = []
+        self._walls: list[float] = []
+        self._pending: list[tuple[tuple[str, ...], float]] = []
+
+    def cost(self, kind: str) -> float:
+        """The price of one process of ``kind`` in plain arms (1 for a plain arm)."""
+        if kind == "plain":
+            return 1.0
+        prior = prior_cost(kind)
+        measured = self._ratios.get(kind) or self._ratios.get(LIKE.get(kind, ""), [])
+        return (PRIOR_WEIGHT * prior + sum(measured)) / (PRIOR_WEIGHT + len(measured))
+
+    def costs(self) -> dict[str, float]:
+        """The price of every kind measured so far, for ``arm_cost``'s ``costs``."""
+        kinds = set(self._ratios) | {k for k, v in LIKE.items() if v in self._ratios}
+        return {k: self.cost(k) for k in kinds}
+
+    def measured(self, kind: str) -> int:
+        """How many trials of ``kind`` its price has learned from."""
+        return len(self._ratios.get(kind, ()))
+
+    def unit(self) -> float | None:
+        """Seconds per plain arm now, or None before any trial finished."""
+        return statistics.median(self._walls[-self.RECENT:]) if self._walls else None
+
+    def observe(self, kinds: Sequence[str], wall_s: float) -> None:
+        """One trial (one kind) or one session (a kind per arm) took ``wall_s`` seconds."""
+        kinds = tuple(kinds)
+        if not kinds or not wall_s or wall_s <= 0:
+            return
+        per_arm = wall_s / sum(self.cost(k) for k in kinds)
+        self._walls.extend([per_arm] * len(kinds))
+        if all(k == "plain" for k in kinds):
+            self._plain.extend([wall_s / len(kinds)] * len(kinds))
+            pending, self._pending = self._pending, []
+            for old in pending:
+                self._learn(*old)
+        elif self._plain:
+            self._learn(kinds, wall_s)
+        else:
+            self._pending.append((kinds, wall_s))
+
+    def observe_priced(self, wall_s: float, cost: float) -> None:
+        """A trial of unknown kind that took ``wall_s`` and was priced at ``cost`` plain arms:
+        it sets the plain arm's price only."""
+        if wall_s and wall_s > 0 and cost > 0:
+            self._walls.append(wall_s / cost)
+
+    def _learn(self, kinds: tuple[str, ...], wall_s: float) -> None:
+        ref = statistics.median(self._plain[-self.RECENT:])
+        dearest = max(kinds, key=lambda k: (k != "plain", self.cost(k)))
+        known = sum(self.cost(k) * ref for k in kinds if k != dearest)
+        count = sum(1 for k in kinds if k == dearest)
+        # A session faster than its cheaper arms' prices leaves nothing for the dearest: its
+        # ratio is floored at a tenth of its prior rather than at zero or below.
+        ratio = max(0.1 * prior_cost(dearest), (wall_s - known) / count / ref)
+        self._ratios.setdefault(dearest, []).append(ratio)
 
 
 def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, confirm_pairs: int, holdout_pairs: int,
                      final_pairs: float, batch_candidates: int, skip: Sequence[str] = (),
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
                      batch_probes: int = TYPICAL_BATCH_PROBES, state: tuple[float, float, float] | None = None,
-                     screen_only: Sequence[str] = ()) -> float:
+                     screen_only: Sequence[str] = (), costs: Mapping[str, float] | None = None) -> float:
     """A rough count of the trial processes left (probes and session arms), for the ETA.
 
     Per knob: the screen session (incumbent and candidates), the typical number of
@@ -230,35 +357,36 @@ def remaining_trials(knob_names: Sequence[str], search: Mapping[str, Any], *, co
             default: none kept yet when ``incumbent`` is the baseline, else settled.
         screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin,
             ``expected_to_confirm_nothing``).
+        costs: Prices learned from this search (``arm_cost``); default: the priors.
     """
     remaining = 0.0
-    inc = arm_cost(incumbent)
+    inc = arm_cost(incumbent, costs=costs)
     compiled = {"compile": "default"}
     if state is None:
         state = start_state(incumbent, baseline)
     # After a kept change, held-out sessions also run the baseline (the final check's arm);
     # the first kept change measures none of its own until later (``search.holdout``).
-    third = arm_cost(baseline) if baseline is not None else 0.0
+    third = arm_cost(baseline, costs=costs) if baseline is not None else 0.0
     for name in knob_names:
         if name in skip:
             continue
         if name == "batch_size":
             cands = batch_candidates
-            remaining += batch_probes * arm_cost(incumbent, "probe")
+            remaining += batch_probes * arm_cost(incumbent, "probe", costs)
         else:
             cands = max(1, len(search[name]) - 1)
-        cand = arm_cost(compiled) if name == "compile" else inc
+        cand = arm_cost(compiled, costs=costs) if name == "compile" else inc
         keep = 0.0 if name in screen_only else TYPICAL_KEPT_SHARE
         confirmations = 0.0 if name in screen_only else min(float(cands), TYPICAL_CONFIRMATIONS)
-        screen = arm_cost(incumbent, "screen")
+        screen = arm_cost(incumbent, "screen", costs)
         held_now = state[1] + state[2]
-        remaining += (screen + cands * (arm_cost(compiled, "screen") if name == "compile" else screen)
+        remaining += (screen + cands * (arm_cost(compiled, "screen", costs) if name == "compile" else screen)
                       + confirmations * confirm_pairs * (inc + cand) + keep * held_now * holdout_pairs * (inc + cand + third))
         state = kept_states(state, [keep])[-1]
         if name == "compile":
-            remaining += COLD_COMPILE_COST * sum(1 for v in search[name] if v != "off")
-    final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
-    return remaining + final_pairs * (arm_cost(baseline) + final)
+            remaining += arm_cost(compiled, "cold-compile", costs) * sum(1 for v in search[name] if v != "off")
+    final = inc + (TYPICAL_KEPT_SHARE * (arm_cost(compiled, costs=costs) - inc) if "compile" in knob_names and "compile" not in skip else 0.0)
+    return remaining + final_pairs * (arm_cost(baseline, costs=costs) + final)
 
 
 def start_state(incumbent: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None,
@@ -292,11 +420,12 @@ def kept_states(start: tuple[float, float, float], keeps: Sequence[float]) -> li
     return out
 
 
-def held_out_third_arm(incumbent: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> float:
+def held_out_third_arm(incumbent: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None,
+                       costs: Mapping[str, float] | None = None) -> float:
     """The cost of the baseline arm a held-out session adds once a change is kept (0 before)."""
     if incumbent is None or baseline is None or settings_hash(incumbent) == settings_hash(baseline):
         return 0.0
-    return arm_cost(baseline)
+    return arm_cost(baseline, costs=costs)
 
 
 def confirmation_left(measured: int, next_look: int, looks: Sequence[int]) -> float:
@@ -350,7 +479,8 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
                      incumbent: Mapping[str, Any] | None = None, baseline: Mapping[str, Any] | None = None,
                      selected: int | None = None, reusable: int = 0, batch_probes: int = TYPICAL_BATCH_PROBES,
                      pending: bool = False, screen_only: Sequence[str] = (),
-                     confirming: tuple[int, int, int, Sequence[int]] | None = None) -> float:
+                     confirming: tuple[int, int, int, Sequence[int]] | None = None,
+                     costs: Mapping[str, float] | None = None) -> float:
     """Trial processes left in the whole search, in plain arms: what the progress ETA counts down.
 
     The final check is counted as far as it is expected: the last kept change's held-out
@@ -382,6 +512,8 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
         screen_only: Knobs expected to confirm nothing (``loader_gain_bound`` below the margin,
             ``expected_to_confirm_nothing``).
         confirming: While the current knob confirms a candidate (``remaining_in_knob``).
+        costs: Prices learned from this search (``ArmCosts.costs``); default: the priors.
+            With every kind at 1 the figure is a count of trial processes.
     """
     later = [k for k in order[knobs_done + (1 if selected is not None else 0):] if k not in skip]
     keeps = [0.0 if k in screen_only else TYPICAL_KEPT_SHARE for k in later]
@@ -401,15 +533,15 @@ def search_remaining(order: Sequence[str], knobs_done: int, search: Mapping[str,
     remaining = remaining_trials(
         later, search, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, final_pairs=final,
         batch_candidates=batch_candidates, incumbent=incumbent, baseline=baseline, batch_probes=batch_probes,
-        state=states[1] if selected is not None else start, screen_only=screen_only,
+        state=states[1] if selected is not None else start, screen_only=screen_only, costs=costs,
     )
     # Settings other than the baseline's are recommended only after a kept change.
-    remaining += (1.0 - end[0]) * arm_cost(incumbent, "diagnosis")
+    remaining += (1.0 - end[0]) * arm_cost(incumbent, "diagnosis", costs)
     if selected is not None:
         knob = order[knobs_done]
-        inc = arm_cost(incumbent)
-        cand = arm_cost({"compile": "default"}) if knob == "compile" else inc
+        inc = arm_cost(incumbent, costs=costs)
+        cand = arm_cost({"compile": "default"}, costs=costs) if knob == "compile" else inc
         remaining += remaining_in_knob(selected, confirm_pairs=confirm_pairs, holdout_pairs=holdout_pairs, pair_cost=inc + cand,
-                                       third_arm=held_out_third_arm(incumbent, baseline), held_now=start[1] + start[2],
+                                       third_arm=held_out_third_arm(incumbent, baseline, costs), held_now=start[1] + start[2],
                                        confirming=confirming)
     return remaining

@@ -8,6 +8,7 @@ from trainopt.decide import plan
 from trainopt.decide.sequential import SequentialRule, holdout_pairs, typical_pairs
 from trainopt.knobs import catalog as knobs
 from trainopt.search.broker import TrialBroker
+from trainopt.search.final_check import planned_pairs
 from trainopt.search.holdout import HeldOutSessions
 from trainopt.search.state import SearchState
 
@@ -22,7 +23,9 @@ class SearchEta:
         state: The search's state (the knob order, the baseline's environment, the
             trials measured so far).
         broker: The search's broker (the device type and world size, once known).
-        progress: Receives ``set_remaining``.
+        progress: Receives ``set_remaining`` (the work left, in plain arms) and, where it
+            has them, ``set_expected`` (the trial processes left); its ``costs()`` (the
+            prices learned from this search's trials, ``plan.ArmCosts``) price the work.
         held_out: The held-out sessions (whether the first kept change's are still owed).
 
     Attributes:
@@ -58,14 +61,25 @@ class SearchEta:
         confirm = typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs)
         order = self.state.order
         later = order[knobs_done + (1 if selected is not None else 0):]
-        remaining = plan.search_remaining(
-            order, knobs_done, self.spec.search, confirm_pairs=confirm, holdout_pairs=holdout,
-            final_pairs=max(m.pairs, holdout), batch_candidates=self.spec.batch_search.max_candidates,
+        args = dict(
+            confirm_pairs=confirm, holdout_pairs=holdout,
+            final_pairs=planned_pairs(m, self.state.decisions), batch_candidates=self.spec.batch_search.max_candidates,
             skip=self._runs_nothing(later), incumbent=self.incumbent, baseline=self.spec.baseline,
             selected=selected, reusable=reusable, batch_probes=self._batch_probes(),
             pending=self.held_out.pending, screen_only=self._screen_only(later), confirming=confirming,
         )
+        # Priced in plain arms at what this search's trials cost so far (the priors until measured).
+        remaining = plan.search_remaining(order, knobs_done, self.spec.search, costs=self._costs(), **args)
         self.progress.set_remaining(remaining)
+        # The same count with every process at one: how many trial processes are left.
+        set_expected = getattr(self.progress, "set_expected", None)
+        if set_expected is not None:
+            set_expected(plan.search_remaining(order, knobs_done, self.spec.search, costs=plan.PROCESS_COUNT, **args))
+
+    def _costs(self) -> dict[str, float] | None:
+        """The prices the progress learned from this search's trials (None: the priors)."""
+        costs = getattr(self.progress, "costs", None)
+        return costs() if costs is not None else None
 
     def final_diagnosis(self, settings: dict[str, Any] | None) -> None:
         """After the final check: all that is left is the recommended settings' diagnosis trial, or nothing.
@@ -73,7 +87,10 @@ class SearchEta:
         Args:
             settings: The settings the diagnosis trial measures, or None when none runs.
         """
-        self.progress.set_remaining(plan.arm_cost(settings, "diagnosis") if settings is not None else 0.0)
+        self.progress.set_remaining(plan.arm_cost(settings, "diagnosis", self._costs()) if settings is not None else 0.0)
+        set_expected = getattr(self.progress, "set_expected", None)
+        if set_expected is not None:
+            set_expected(1.0 if settings is not None else 0.0)
 
     def selected(self, count: int) -> None:
         """A knob's screen selected ``count`` candidates for confirmation."""

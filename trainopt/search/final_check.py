@@ -20,7 +20,21 @@ from trainopt.search.holdout import HeldOutSessions
 from trainopt.search.state import SearchState
 from trainopt.stats import intervals as stats
 
-__all__ = ["final_check", "final_warnings"]
+__all__ = ["final_check", "final_warnings", "planned_pairs"]
+
+
+def planned_pairs(measure: Any, decisions: list[Any]) -> int:
+    """Pairs of the final check, fixed before any is measured (the ETA counts the same).
+
+    One kept change: the final check measures exactly the comparison its confirmation
+    decided, at the held-out count. Several: enough pairs that a combination which lost
+    their gains shows (``recommendation.final_pairs``).
+    """
+    n = max(measure.pairs, holdout_pairs(measure.confidence, measure.interval))
+    kept = [d for d in decisions if d.kept]
+    if len(kept) >= 2:
+        n = final_pairs(claimed_speedup(kept), pooled_pair_sd(decisions), n, max(n, measure.max_pairs))
+    return n
 
 
 def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, Any], incumbent: dict[str, Any]) -> dict[str, Any]:
@@ -62,11 +76,7 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
     m = broker.spec.measure
     kept = [d for d in broker.state.decisions if d.kept]
     claim = claimed_speedup(kept)
-    n = max(m.pairs, holdout_pairs(m.confidence, m.interval))
-    if len(kept) >= 2:
-        # One kept change: the final check measures exactly the comparison its
-        # confirmation decided. Several: a combination that lost their gains must show.
-        n = final_pairs(claim, pooled_pair_sd(broker.state.decisions), n, max(n, m.max_pairs))
+    n = planned_pairs(m, broker.state.decisions)
     reused, unstable, label = held_out.reusable(base, incumbent)
     pairs = reused[:n]
     more = n - len(pairs)

@@ -1,15 +1,18 @@
 """Live progress for long searches: stage, knob, trial, elapsed time and ETA.
 
 The search only emits events; how they are shown (a rich progress bar on a terminal,
-plain lines in a log, nothing in tests) is decided here.
+plain lines in a log, nothing in tests) is decided here. What a trial process costs is
+learned here too, from the trials as they finish (``plan.ArmCosts``): the search asks for
+those prices when it counts what is left.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from typing import Any
+
+from trainopt.decide import plan
 
 __all__ = ["NullProgress", "ConsoleProgress", "format_duration"]
 
@@ -36,73 +39,124 @@ class NullProgress:
     def trial_started(self, **info: Any) -> None: ...
     def trial_finished(self, result: Any, wall_s: float | None = None, cost: float = 1.0) -> None: ...
     def trial_reused(self, cost: float = 1.0) -> None: ...
+    def set_expected(self, processes: float) -> None: ...
+    def costs(self) -> dict[str, float] | None:
+        """Prices learned from this search's trials (``plan.ArmCosts``), or None for the priors."""
+        return None
     def close(self) -> None: ...
 
 
 class ConsoleProgress(NullProgress):
-    """Progress on stderr: a live rich line on a terminal, one plain line per trial otherwise.
+    """Progress on stderr: a live progress bar on a terminal, plain lines otherwise.
 
-    The ETA is the estimated number of remaining trials times the median wall time of the
-    last ``RECENT`` trials run in this session (reused trials cost nothing and are not
-    counted); an arm of a session costs its share of the search's wall time for the batch
-    it ran in, so arms that ran side by side on several slots are not counted twice.
-    Recent, not all: a trial's cost follows the incumbent, and once a larger batch or a
-    compiled model is adopted every later arm costs several times an early one.
-    The median, not the mean: one very slow candidate (bf16 on a CPU without bf16 units)
-    says nothing about the cost of the arms after it.
+    On a terminal the bar shows the stage and the trial, the trial processes done against
+    those expected, the elapsed time and the ETA, with one line per finished trial above
+    it; in a log (not a terminal) every stage and every finished trial is one plain line.
 
-    Counts and walls are in plain arms: a trial the plan knows to be dearer (a compile
-    arm, the cold-compile trial) comes with its ``cost``, counts down that many, and
-    enters the median as its wall divided by it, so the price of a plain arm is not
-    raised by the arms that were priced higher already.
+    The ETA is the remaining work the search counts (``set_remaining``, in plain arms)
+    times the price of a plain arm now; both the price and the kinds' weights are learned
+    from this search's own trials (``plan.ArmCosts``): until a kind is measured it is priced
+    at its prior, then at a mix that moves to what this search measured. A session is
+    learned from as a whole, once all its arms finished (its arms share its wall time).
+    Reused trials cost nothing and teach nothing. A trial whose settings and role are not
+    known is counted down at the ``cost`` given and sets only the plain arm's price.
+
+    Args:
+        quiet: No per-trial or stage lines, and no bar.
+        stream: Where to write (default stderr).
+        terminal: Force (True) or forbid (False) the terminal's bar; default: whether the
+            stream is a terminal.
+        learn: Learn the kinds' prices (False: the priors, as fixed weights).
     """
 
-    RECENT = 16
+    RECENT = plan.ArmCosts.RECENT
 
-    def __init__(self, quiet: bool = False, stream=None):
+    def __init__(self, quiet: bool = False, stream=None, terminal: bool | None = None, learn: bool = True):
         from rich.console import Console
 
         self.quiet = quiet
-        self.console = Console(file=stream or sys.stderr, highlight=False)
+        self.learn = learn
+        self.console = Console(file=stream or sys.stderr, highlight=False, force_terminal=terminal)
         self.live = self.console.is_terminal and not quiet
         self.start = time.monotonic()
-        self.walls: list[float] = []
+        self.model = plan.ArmCosts()
         # None until the search has a plan: the baseline trial finishes before the plan
         # knows how many trials follow, and "ETA 0s" there would be a wrong figure.
         self.remaining: float | None = None
+        self.expected: float | None = None
         self.done = 0
         self.reused = 0
+        self.work_done = 0.0
         self.current = ""
         self.stage_name = ""
-        self._status = self.console.status("") if self.live else None
-        if self._status:
-            self._status.start()
+        self._role = ""
+        self._sessions: dict[str, tuple[list[str], float]] = {}
+        self._bar = self._task = None
+        if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.table import Column
+
+            # The stage and trial take what the figures leave of the line, cut short if need be.
+            self._bar = Progress(
+                TextColumn("{task.description}", markup=False,
+                           table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+                BarColumn(bar_width=20), TextColumn("{task.fields[count]}"),
+                TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                console=self.console, transient=False, expand=True,
+            )
+            self._task = self._bar.add_task("", total=None, count="", eta="?")
+            self._bar.start()
 
     def _eta(self) -> float | None:
-        if not self.walls or self.remaining is None:
+        unit = self.model.unit()
+        if unit is None or self.remaining is None:
             return None
-        return self.remaining * statistics.median(self.walls[-self.RECENT:])
+        return self.remaining * unit
 
-    def _line(self) -> str:
-        return (
-            f"[{self.stage_name}] {self.current}  trial {self.done + 1}"
-            f"  elapsed {format_duration(time.monotonic() - self.start)}"
-            f"  ETA {format_duration(self._eta())}"
-            + (f"  ({self.reused} reused)" if self.reused else "")
-        )
+    def costs(self) -> dict[str, float] | None:
+        return self.model.costs() if self.learn else None
+
+    def _count(self) -> str:
+        done = self.done + self.reused
+        if self.expected is None:
+            return f"{done} trials"
+        return f"{done}/~{done + round(self.expected)} trials"
+
+    def _show(self) -> None:
+        if self._bar is None:
+            return
+        total = self.work_done + self.remaining if self.remaining is not None else None
+        self._bar.update(self._task, description=f"[{self.stage_name}] {self.current}", completed=self.work_done,
+                         total=total, count=self._count(), eta=format_duration(self._eta()))
+        self._bar.refresh()
 
     def stage(self, stage: str, detail: str) -> None:
         self.stage_name = stage
         if not self.quiet and not self.live:
-            self.console.print(f"== {stage}: {detail}")
+            self.console.print(f"== {stage}: {detail}", markup=False)
+        self._show()
 
     def set_remaining(self, trials: float) -> None:
         self.remaining = trials
+        self._show()
+
+    def set_expected(self, processes: float) -> None:
+        """How many trial processes the search still expects (for the bar's count)."""
+        self.expected = processes
+        self._show()
 
     def trial_started(self, **info: Any) -> None:
+        self._role = str(info.get("role") or "")
         self.current = f"{info.get('knob')} {info.get('role')} {info.get('detail', '')}".strip()
-        if self._status:
-            self._status.update(self._line())
+        self._show()
+
+    def _kind(self, result: Any) -> tuple[str | None, dict | None]:
+        """The trial's kind (``plan.arm_kind``) and its session, or None where not known."""
+        settings, session = getattr(result, "settings", None), getattr(result, "session", None)
+        if not self.learn or not isinstance(settings, dict) or not settings:
+            return None, None
+        role = str(session["id"]).split("/")[0] if session and session.get("id") else self._role
+        return plan.arm_kind(settings, role), session
 
     def trial_finished(self, result: Any, wall_s: float | None = None, cost: float = 1.0) -> None:
         """One trial (or one arm of a session, with its share ``wall_s`` of the session's time) finished.
@@ -110,29 +164,48 @@ class ConsoleProgress(NullProgress):
         Args:
             result: Its ``TrialResult``.
             wall_s: Its share of the session's wall time (default: the trial's own).
-            cost: What the plan counts it as, in plain arms.
+            cost: What the plan counts it as, in plain arms (used where its kind is not known).
         """
         self.done += 1
+        kind, session = self._kind(result)
+        if kind is not None:
+            cost = self.model.cost(kind)
         self._count_down(cost)
         wall = wall_s if wall_s is not None else result.wall_s
-        if wall:
-            self.walls.append(wall / cost)
+        if wall and kind is None:
+            self.model.observe_priced(wall, cost)
+        elif wall and session and session.get("arms", 1) > 1:
+            kinds, total = self._sessions.get(session["id"], ([], 0.0))
+            kinds, total = [*kinds, kind], total + wall
+            if len(kinds) >= session["arms"]:
+                self._sessions.pop(session["id"], None)
+                self.model.observe(kinds, total)
+            else:
+                self._sessions[session["id"]] = (kinds, total)
+        elif wall:
+            self.model.observe([kind], wall)
+        if self.expected is not None:
+            self.expected = max(0.0, self.expected - 1)
         figure = f"{result.samples_per_s:,.1f} samples/s" if result.samples_per_s else (result.error or "")
         line = f"  {self.current}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
         if not self.quiet:
             self.console.print(line, markup=False)
-        if self._status:
-            self._status.update(self._line())
+        self._show()
 
     def trial_reused(self, cost: float = 1.0) -> None:
         self.reused += 1
         self._count_down(cost)
+        if self.expected is not None:
+            self.expected = max(0.0, self.expected - 1)
+        self._show()
 
     def _count_down(self, cost: float) -> None:
+        self.work_done += cost
         if self.remaining is not None:
             self.remaining = max(0, self.remaining - cost)
 
     def close(self) -> None:
-        if self._status:
-            self._status.stop()
-            self._status = None
+        if self._bar is not None:
+            self._show()
+            self._bar.stop()
+            self._bar = None
