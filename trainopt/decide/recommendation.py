@@ -95,13 +95,19 @@ class ClaimCheck:
         return asdict(self)
 
 
-def claimed_speedup(kept: Sequence[Decision]) -> float:
+def claimed_speedup(kept: Sequence[Decision], margin: float | None = None) -> float:
     """What kept changes claim together: the product of their deciding intervals' lower bounds.
 
     Each lower bound is above ``1 + min_speedup`` (an ``improved`` verdict needs it); the
     deciding interval is the confirmation's, kept in ``extra.decision_interval`` once a
-    held-out figure replaces it.
+    held-out figure replaces it. A single change, given ``margin`` (``1 + min_speedup``),
+    claims only that margin: its fallback is the baseline, so fresh pairs should drop it only
+    when they show it no faster than the margin, not when it is merely slower than its
+    deciding interval promised (an interval that stopped early, on a few pairs, can run high
+    while the change is still a large win).
     """
+    if margin is not None and len(kept) == 1:
+        return margin
     claim = 1.0
     for d in kept:
         iv = d.extra.get("decision_interval") if isinstance(d.extra, dict) else None

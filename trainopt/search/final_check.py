@@ -75,7 +75,7 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
         }
     m = broker.spec.measure
     kept = [d for d in broker.state.decisions if d.kept]
-    claim = claimed_speedup(kept)
+    claim = claimed_speedup(kept, 1.0 + m.min_speedup)
     n = planned_pairs(m, broker.state.decisions)
     reused, unstable, label = held_out.reusable(base, incumbent)
     pairs = reused[:n]

@@ -189,8 +189,7 @@ class HeldOutSessions:
         if unstable:
             d.extra["unstable"] = "; ".join(filter(None, [d.extra.get("unstable"), *unstable]))
 
-    @staticmethod
-    def _settle(d: Decision, est: stats.PairedInterval | None, held: list[Pair], label: str = "") -> bool:
+    def _settle(self, d: Decision, est: stats.PairedInterval | None, held: list[Pair], label: str = "") -> bool:
         """Fill in the held-out figure (``label``: where its pairs come from); returns whether the change may still be kept."""
         failed = next((p.candidate for p in held if not p.candidate.ok), None)
         if failed is not None:
@@ -205,7 +204,7 @@ class HeldOutSessions:
         d.speedup, d.ci, d.n_pairs, d.coverage = est.speedup, [est.low, est.high], est.n, est.coverage
         logs = [math.log(p.candidate.samples_per_s / p.incumbent.samples_per_s) for p in held]
         d.extra["holdout"] = {"speedup": est.speedup, "ci": [est.low, est.high], "n_pairs": est.n,
-                              "check": check_claim(logs, claimed_speedup([d])).to_dict()}
+                              "check": check_claim(logs, claimed_speedup([d], 1.0 + self.measure.min_speedup)).to_dict()}
         fill_figures(d, [p.incumbent for p in held], [p.candidate for p in held])
         d.reason += f"; held-out estimate {est.speedup:.3f}x [{est.low:.3f}, {est.high:.3f}] over {est.n} fresh pairs"
         if label:
