@@ -39,6 +39,13 @@ own (so seeded runs without it stay as they were), with zero mean in log: ``mixt
 slow tail) or ``outliers`` (-0.45 in 10 %, +0.05 otherwise). ``SKEW_MEAN[shape]`` is the
 mean of ``exp`` of that draw: the factor it adds to the arm's mean throughput.
 
+Training-check runs (``mode="train"``) return a loss curve (``fake_losses``): the same
+falling curve for every settings, with minibatch noise drawn from the run's data-order seed
+(so runs in one order share it, as real runs from the same weights and batches do), plus
+a tiny jitter of their own; ``trains`` plants settings that train ``worse`` (the loss stays
+where it started) or turn ``nan`` at the fourth step. Their draws come from generators of
+their own, so seeded runs stay as they were.
+
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
 (``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
@@ -48,13 +55,15 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.session import SessionResult
 
-__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "SKEW_MEAN", "noise_draw", "breakdown_of", "skew_draw"]
+__all__ = ["FakeRunner", "MemoryStore", "SessionResult", "SKEW_MEAN", "noise_draw", "breakdown_of", "skew_draw",
+           "fake_losses", "training_result"]
 
 ENV = {"device_type": "cpu", "device_name": "fake", "torch": "fake"}
 
@@ -126,6 +135,32 @@ def _skew_mean(shape: str, n: int = 200_000) -> float:
 SKEW_MEAN = {shape: _skew_mean(shape) for shape in ("mixture", "lognormal", "outliers")}
 
 
+def fake_losses(settings: Mapping[str, Any], order_seed: int, steps: int,
+                trains: Mapping[tuple[str, Any], str] | None = None) -> list[float | None]:
+    """A training run's loss at every step (see the module docstring)."""
+    batches = random.Random(order_seed * 1_000_003 + 11)
+    own = random.Random(zlib.crc32(repr(sorted((k, str(v)) for k, v in settings.items())).encode()))
+    planted = {how for (knob, value), how in (trains or {}).items() if settings.get(knob) == value}
+    out: list[float | None] = []
+    for k in range(steps):
+        noise = 0.05 * batches.gauss(0, 1) + 1e-4 * own.gauss(0, 1)
+        if "nan" in planted and k >= 3:
+            out.append(None)
+            break
+        level = 2.3 if "worse" in planted else 2.3 * math.exp(-3.0 * k / steps)
+        out.append(level + noise)
+    return out
+
+
+def training_result(request: TrialRequest, trains: Mapping[tuple[str, Any], str] | None = None) -> TrialResult:
+    """A training-check run's result, as the worker's ``train`` mode writes it."""
+    t = request.training or {}
+    losses = fake_losses(request.settings, int(t.get("order_seed", 0)), int(t.get("steps", 0)), trains)
+    status = "ok"
+    return TrialResult(status=status, settings=request.settings, mode="train", env=ENV, dataset_len=4096,
+                       training={"losses": losses, "scaler_skipped": None, "order_seed": t.get("order_seed")})
+
+
 class FakeRunner:
     """Implements ``Runner.run`` and ``SessionRunner.run_session`` from a truth table.
 
@@ -152,6 +187,8 @@ class FakeRunner:
         early_cut: Retire far-slower arms as the interleaved session runner does.
         skewed: ``{(knob, value): shape}``: arms holding that value get a skewed extra
             draw in sessions (see the module docstring).
+        trains: ``{(knob, value): "worse" | "nan"}``: training-check runs holding that value
+            train worse or turn non-finite (see the module docstring).
     """
 
     def __init__(
@@ -176,7 +213,9 @@ class FakeRunner:
         first_window: float = 1.0,
         early_cut: bool = False,
         skewed: Mapping[tuple[str, Any], str] | None = None,
+        trains: Mapping[tuple[str, Any], str] | None = None,
     ):
+        self.trains = dict(trains or {})
         self.step, self.first_window, self.early_cut = step, first_window, early_cut
         self.effects = dict(effects or {})
         self.beside = list(beside or [])
@@ -288,6 +327,8 @@ class FakeRunner:
         if request.mode == "probe":
             return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=s.get("batch_size", 1) * 2**20,
                                env=ENV, dataset_len=4096)
+        if request.mode == "train":
+            return training_result(request, self.trains)
         noise = noise_draw(self.rng, self.process_sd, self.tail)
         return self._measured(request, self.truth(s) * self.machine_speed() * math.exp(noise))
 

@@ -61,8 +61,10 @@ class TrialRequest:
         spec: The resolved spec (plain data).
         source_dir: Folder that the spec's ``module:callable`` references resolve against.
         settings: Every knob's value for this trial.
-        mode: ``measure`` (warm-up and timed windows) or ``probe`` (one full training
-            step, to learn whether a batch fits in memory).
+        mode: ``measure`` (warm-up and timed windows), ``probe`` (one full training
+            step, to learn whether a batch fits in memory) or ``train`` (the training check:
+            ``training["steps"]`` optimizer steps from the spec's seeded weights, the loss
+            read at every one, nothing timed).
         result_path: Where the trial process writes its ``TrialResult``.
         memory_gb: Memory limit for the trial, or None: on a CPU an address-space cap
             (RLIMIT_AS) on the trial process; on CUDA the device allocator's limit
@@ -73,6 +75,10 @@ class TrialRequest:
             (``TrialResult.breakdown``) and, when the spec has ``run_costs``, time one
             checkpoint save and one evaluation pass (``TrialResult.run_costs``). Neither
             touches the timed windows.
+        training: For ``train``: ``steps`` (optimizer steps) and ``order_seed`` (the seed of
+            the data order and of every other draw after the weights are made, such as
+            dropout masks: runs with the same ``order_seed`` see the same batches in the
+            same order).
     """
 
     spec: dict[str, Any]
@@ -83,6 +89,7 @@ class TrialRequest:
     memory_gb: float | None = None
     trial_id: str = ""
     diagnose: bool = False
+    training: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
@@ -150,6 +157,10 @@ class TrialResult:
     # (``trainopt.trial.probe_items``): sampled, dataset_len, largest, median, smallest, in_batch,
     # unit. Optional, so results without it read as before.
     probe_items: dict[str, Any] | None = None
+    # Training-check runs (mode ``train``) only: ``losses`` (one per optimizer step, None
+    # from the first non-finite one, where the run stops), ``order_seed``, and for fp16
+    # ``scaler_skipped`` (steps the GradScaler skipped for inf/NaN gradients).
+    training: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from trainopt.contract import distributed as dist_mod
+from trainopt.contract.checks import CheckSection
 from trainopt.contract.reference import REFERENCE_PATTERN
 from trainopt.errors import UserError
 from trainopt.knobs import catalog as knobs
@@ -253,6 +254,7 @@ class Spec(_Strict):
     limits: LimitsSection = LimitsSection()
     distributed: DistributedSection | None = None
     run_costs: RunCostsSection | None = None
+    check: CheckSection = CheckSection()
     run_length_steps: int = Field(100_000, ge=1, le=10**12)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # The user's forward and loss, ``step(model, batch) -> loss``; trainopt keeps the rest.
@@ -302,6 +304,8 @@ class Spec(_Strict):
     def fingerprint(self) -> str:
         """A short content hash of the resolved spec; changes when the spec changes."""
         resolved = self.resolved()
+        # Changing the checks after the search keeps the study's trials (a training run's key holds its steps).
+        resolved.pop("check", None)
         # A left-out optimizer hashes as the default it was before it could come from the model.
         resolved.setdefault("optimizer", dict(DEFAULT_OPTIMIZER))
         blob = json.dumps(resolved, sort_keys=True).encode()

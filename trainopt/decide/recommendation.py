@@ -29,6 +29,10 @@ Hence, in order:
    contradict them by the same rule.
 3. ``baseline``: otherwise the baseline.
 
+A kept change that the training check drops (it made the recommended settings train
+differently) is left out of every step above; the search then checks the remaining
+settings again, speed and training alike.
+
 Pure: plain data in, plain data out.
 """
 
@@ -234,9 +238,14 @@ def _change(d: Decision) -> str:
 
 
 def recommend(
-    baseline: Mapping[str, Any], baseline_samples_per_s: float | None, decisions: Sequence[Decision], final: Mapping[str, Any]
+    baseline: Mapping[str, Any], baseline_samples_per_s: float | None, decisions: Sequence[Decision], final: Mapping[str, Any],
+    dropped: Sequence[str] = (),
 ) -> Recommendation:
     """Choose the recommended settings by the rule in this module's docstring.
+
+    Knobs in ``dropped`` are left out whatever their speed: their kept changes made the
+    recommended settings train differently (``trainopt.decide.training_check``). A final
+    check of settings that change one of them is not used, and the fallback skips them.
 
     Args:
         baseline: The baseline's settings.
@@ -246,7 +255,10 @@ def recommend(
             ``n_pairs``, ``samples_per_s``, and ``contradicted``: whether its pairs contradict
             the kept changes, False only when it measured them and they stand), or empty
             while the search is still running.
+        dropped: Knobs the training check dropped.
     """
+    if dropped and any((final.get("settings") or {}).get(k) != baseline.get(k) for k in dropped):
+        final = {}
     verdict = final.get("verdict")
     if final and verdict != "unchanged" and final.get("contradicted") is False:
         return Recommendation(
@@ -254,7 +266,7 @@ def recommend(
             f"the final check does not contradict the kept changes: {final.get('reason')}",
             final.get("samples_per_s"), final.get("speedup"), final.get("ci"), final.get("n_pairs") or 0,
         )
-    kept = [d for d in decisions if d.kept]
+    kept = [d for d in decisions if d.kept and d.knob not in dropped]
     checked_and_failed = ""
     if final and verdict != "unchanged":
         checked_and_failed = f"the final check of the combined settings said {verdict} ({final.get('reason')})"

@@ -49,6 +49,10 @@ class Knob:
         choices: Allowed values for ``choice`` knobs.
         minimum: Smallest allowed value for ``int`` knobs.
         nullable: Whether ``null`` is allowed (meaning "leave PyTorch's default").
+        numerics: Whether the knob can change the numbers training computes (rounding,
+            kernels, reduction order), as precision, compilation and backend flags can; the
+            input pipeline's knobs and the host's loss reads cannot. The training check
+            (``trainopt.decide.training_check``) suspects only these when a run trains worse.
     """
 
     name: str
@@ -59,6 +63,7 @@ class Knob:
     choices: tuple[str, ...] = ()
     minimum: int | None = None
     nullable: bool = False
+    numerics: bool = True
 
     def describe_allowed(self) -> str:
         """Human text for the values this knob accepts."""
@@ -80,11 +85,11 @@ KNOBS: dict[str, Knob] = {
         Knob("tf32", "bool", None, "backend", "TF32 matmuls and convolutions (CUDA Ampere+); null: PyTorch's defaults "
              "(TF32 convolutions, full-precision matmuls)", nullable=True),
         Knob("channels_last", "bool", False, "layout", "channels-last memory format for 4-D floating tensors in a batch"),
-        Knob("num_workers", "int", 0, "input", "DataLoader worker processes", minimum=0),
-        Knob("pin_memory", "bool", False, "input", "pinned host memory and non_blocking copies (accelerators)"),
-        Knob("persistent_workers", "bool", False, "input", "keep loader workers alive between epochs"),
-        Knob("prefetch_factor", "int", None, "input", "batches prefetched per worker", minimum=1, nullable=True),
-        Knob("sync_every", "int", 1, "host", "read the loss on the host every N steps (0 = never), as logging does", minimum=0),
+        Knob("num_workers", "int", 0, "input", "DataLoader worker processes", minimum=0, numerics=False),
+        Knob("pin_memory", "bool", False, "input", "pinned host memory and non_blocking copies (accelerators)", numerics=False),
+        Knob("persistent_workers", "bool", False, "input", "keep loader workers alive between epochs", numerics=False),
+        Knob("prefetch_factor", "int", None, "input", "batches prefetched per worker", minimum=1, nullable=True, numerics=False),
+        Knob("sync_every", "int", 1, "host", "read the loss on the host every N steps (0 = never), as logging does", minimum=0, numerics=False),
         Knob("optimizer_impl", "choice", "default", "host", "optimizer kernel: default, foreach or fused", choices=("default", "foreach", "fused")),
         Knob("threads", "int", None, "host", "CPU intra-op threads (torch.set_num_threads)", minimum=1, nullable=True),
         Knob("cudnn_benchmark", "bool", False, "backend", "let cuDNN pick the fastest convolution algorithms"),
@@ -93,7 +98,7 @@ KNOBS: dict[str, Knob] = {
         Knob("ddp_bucket_cap_mb", "int", None, "distributed", "DDP gradient bucket size in MB (null: PyTorch's 25)", minimum=1, nullable=True),
         Knob("ddp_gradient_as_bucket_view", "bool", False, "distributed", "DDP gradients as views into the buckets (saves a copy)"),
         Knob("ddp_static_graph", "bool", False, "distributed", "DDP static_graph: the set of used parameters never changes"),
-        Knob("ddp_find_unused_parameters", "bool", False, "distributed", "DDP searches the graph for unused parameters every step"),
+        Knob("ddp_find_unused_parameters", "bool", False, "distributed", "DDP searches the graph for unused parameters every step", numerics=False),
         Knob("ddp_broadcast_buffers", "bool", True, "distributed", "DDP broadcasts buffers (e.g. BatchNorm stats) from rank 0 every step"),
     ]
 }

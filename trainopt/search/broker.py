@@ -91,12 +91,14 @@ class TrialBroker:
         self.world_size: int | None = spec.world_size if spec.distributed else None
 
     def trial(self, settings: dict[str, Any], *, stage: str, knob: str, role: str, tag: str, mode: str = "measure",
-              diagnose: bool = False) -> TrialResult:
+              diagnose: bool = False, training: dict[str, Any] | None = None) -> TrialResult:
         """Run (or reuse) one trial identified by what it measures and why.
 
         With ``diagnose`` the trial also profiles where a step's time goes after its timed
         windows (``TrialRequest.diagnose``). It is not part of the key: the timed windows
         are the same either way, and a stored trial without a breakdown is reused as it is.
+        ``training`` goes with a ``train`` trial (``TrialRequest.training``); the caller puts
+        what it holds into ``tag``, so it is part of the key.
         """
         key = trial_key(settings, role, knob, tag)
         meta = {"stage": stage, "knob": knob, "role": role, "tag": tag, "mode": mode}
@@ -111,12 +113,14 @@ class TrialBroker:
         if reason:
             result = TrialResult(status="not_applicable", settings=settings, mode=mode, error=reason)
         else:
-            result = self._run(settings, key, handle.number, stage=stage, knob=knob, role=role, mode=mode, diagnose=diagnose)
+            result = self._run(settings, key, handle.number, stage=stage, knob=knob, role=role, mode=mode, diagnose=diagnose,
+                               training=training)
         self.store.finish(handle, key, meta, result)
         self._note(key, meta, result)
         return result
 
-    def _request(self, settings: dict[str, Any], key: str, name: str, mode: str, diagnose: bool = False) -> TrialRequest:
+    def _request(self, settings: dict[str, Any], key: str, name: str, mode: str, diagnose: bool = False,
+                 training: dict[str, Any] | None = None) -> TrialRequest:
         trial_dir = self.out_dir / "trials"
         trial_dir.mkdir(parents=True, exist_ok=True)
         return TrialRequest(
@@ -128,12 +132,13 @@ class TrialBroker:
             memory_gb=self.spec.limits.memory_gb,
             trial_id=key,
             diagnose=diagnose,
+            training=training,
         )
 
     def _run(self, settings: dict[str, Any], key: str, number: int, *, stage: str, knob: str, role: str, mode: str,
-             diagnose: bool = False) -> TrialResult:
+             diagnose: bool = False, training: dict[str, Any] | None = None) -> TrialResult:
         name = f"{number:04d}-{role}-{knob}"
-        request = self._request(settings, key, name, mode, diagnose)
+        request = self._request(settings, key, name, mode, diagnose, training)
         detail = f"{knob}={settings[knob]}" if knob in settings else ""
         self.progress.trial_started(stage=stage, knob=knob, role=role, detail=detail)
         result = self.runner.run(request, self.out_dir / "logs" / f"{name}.log", self.spec.measure.trial_timeout_s)

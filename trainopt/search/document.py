@@ -38,6 +38,15 @@ Schema (``schema_version`` 1)::
                                  # the final check of the final settings, whatever its verdict;
                                  # reused_pairs: how many of its pairs are the only kept
                                  # change's held-out pairs (the same comparison)
+    training_check: {verdict: same|worse|diverged|inconclusive|not_needed|not_checked, reason,
+                     steps, tail_steps, settings, rounds: [{settings, reference, twin, recommended,
+                     verdict, reason, tail_steps, reference_tail, twin_tail, candidate_tail,
+                     twin_gap, noise_floor, yardstick, tolerance, alone?: [...]}],
+                     dropped: [{knob, value, reason}], final_checks?: [...], batch_change?}
+                     | null      # each run: {settings, order_seed, status, error, losses,
+                                 # scaler_skipped}; dropped knobs are left out of best even
+                                 # though their speed verdicts stand; final_checks: the final
+                                 # checks that dropping replaced (trainopt/search/training_check.py)
     decisions: [{knob, stage, from, to, verdict, reason, speedup, ci, n_pairs, screen_speedup,
                  before_samples_per_s, after_samples_per_s, before_peak_memory_bytes,
                  after_peak_memory_bytes, kept, extra}]
@@ -122,11 +131,14 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
     base = state.baseline
     final = state.final or {}
     rec = recommend(
-        base.settings if base else state.baseline_settings, base.samples_per_s if base else None, state.decisions, final
+        base.settings if base else state.baseline_settings, base.samples_per_s if base else None, state.decisions, final,
+        dropped=state.dropped_knobs(),
     )
     missing = [k for k in (state.order or state.planned_knobs) if k not in state.done_knobs]
     if not complete and not final:
         missing.append("final check")
+    elif not complete and not state.training_check:
+        missing.append("training check")
     elif (not complete and state.final_diagnosis is None and state.final_diagnosis_error is None
           and plan.settings_hash(rec.settings) != plan.settings_hash(base.settings if base else state.baseline_settings)):
         # Past the final check, the recommended settings' diagnosis trial is still owed.
@@ -174,6 +186,7 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
         "speedup": rec.speedup,
         "speedup_ci": rec.ci,
         "final": {k: v for k, v in final.items() if k != "settings"},
+        "training_check": state.training_check or None,
         "decisions": decisions,
         "trials": [_trial_row(t, state.out_dir) for t in state.trials],
         "batch_size": state.batch_info,

@@ -37,7 +37,8 @@ def planned_pairs(measure: Any, decisions: list[Any]) -> int:
     return n
 
 
-def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, Any], incumbent: dict[str, Any]) -> dict[str, Any]:
+def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, Any], incumbent: dict[str, Any],
+                decisions: list[Any] | None = None) -> dict[str, Any]:
     """The final settings against the original baseline: a fixed number of fresh pair sessions.
 
     No early stop and no selection act on these pairs, so the plain interval over them
@@ -57,6 +58,8 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
         held_out: The held-out sessions measured so far.
         base: The baseline settings.
         incumbent: The settings the search ended with.
+        decisions: The decisions whose kept changes ``incumbent`` holds (default: every
+            decision; fewer when the training check dropped some).
 
     Returns:
         The ``final`` section of the search's state.
@@ -74,9 +77,10 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
             "baseline_samples_per_s": baseline_rate,
         }
     m = broker.spec.measure
-    kept = [d for d in broker.state.decisions if d.kept]
+    decisions = broker.state.decisions if decisions is None else decisions
+    kept = [d for d in decisions if d.kept]
     claim = claimed_speedup(kept, 1.0 + m.min_speedup)
-    n = planned_pairs(m, broker.state.decisions)
+    n = planned_pairs(m, decisions)
     reused, unstable, label = held_out.reusable(base, incumbent)
     pairs = reused[:n]
     more = n - len(pairs)

@@ -9,7 +9,8 @@ The parts, each in its own module: the ``TrialBroker`` keys, caches and runs tri
 ``HeldOutSessions`` for the held-out figure of a kept change; ``run_batch_stage`` probes
 memory first; ``confirmation.confirm`` is the pair loop behind a swappable
 ``DecisionRule``; ``final_check`` compares the final settings with the baseline; the
-``SearchEta`` counts what is left. Everything found goes into a plain ``SearchState``,
+``SearchEta`` counts what is left; ``TrainingCheck`` then trains the recommended settings
+against a reference and drops any kept change that makes them train differently. Everything found goes into a plain ``SearchState``,
 from which ``document.build_results`` makes the results document. Every trial has a
 deterministic key, so an interrupted search resumes by simply running again. Nothing here
 imports torch: trials run through a ``Runner`` and come back as ``TrialResult``.
@@ -39,6 +40,7 @@ from trainopt.search.knob_stage import KnobStage
 from trainopt.search.progress import NullProgress
 from trainopt.search.state import SearchState
 from trainopt.search.store import TrialStore
+from trainopt.search.training_check import TrainingCheck, not_checked
 
 __all__ = ["Search", "SearchFailed", "Decision"]
 
@@ -134,8 +136,21 @@ class Search:
         if self.broker.unstable[n0:]:
             state.final["unstable"] = "; ".join(filter(None, [state.final.get("unstable"), *self.broker.unstable[n0:]]))
         state.warnings.extend(final_warnings(state, self.stage.screener.first_screen_rate))
+        self._check_training()
         self._diagnose_recommended()
         return self._checkpoint(complete=True)
+
+    def _check_training(self) -> None:
+        """Whether the recommended settings still train the same (``search.training_check``)."""
+        check = self.spec.check
+        if not check.training:
+            self.state.training_check = not_checked("check.training is false: the training was not checked")
+            return
+        self._checkpoint(complete=False)
+        self.progress.stage("training", f"training check: {check.training_steps} steps of the recommended settings, "
+                                        f"a reference and its twin")
+        self.state.training_check = TrainingCheck(self.broker, self.held_out, self.state, check.training_steps,
+                                                  self.spec.seed).run()
 
     def _diagnose_recommended(self) -> None:
         """Where a step of the recommended settings spends its time: one one-shot diagnosed trial.
@@ -146,7 +161,7 @@ class Search:
         """
         state = self.state
         base = state.baseline
-        rec = recommend(base.settings, base.samples_per_s, state.decisions, state.final)
+        rec = recommend(base.settings, base.samples_per_s, state.decisions, state.final, dropped=state.dropped_knobs())
         if plan.settings_hash(rec.settings) == plan.settings_hash(base.settings):
             self.eta.final_diagnosis(None)
             return

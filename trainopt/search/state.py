@@ -59,6 +59,7 @@ class SearchState:
             after the final check (same shape as ``diagnosis``); None before it, when the
             baseline's settings are recommended, or when it failed.
         final_diagnosis_error: Why the diagnosis trial failed, or None.
+        training_check: The training check (``search.training_check``; empty until it ran).
         run_costs: The spec's ``run_costs`` section (plain data), or None.
         ran: Trials run by this process.
         reused: Trials answered from the store.
@@ -83,6 +84,7 @@ class SearchState:
     final: dict[str, Any] = field(default_factory=dict)
     final_diagnosis: dict[str, Any] | None = None
     final_diagnosis_error: str | None = None
+    training_check: dict[str, Any] = field(default_factory=dict)
     run_costs: dict[str, Any] | None = None
     ran: int = 0
     reused: int = 0
@@ -101,6 +103,10 @@ class SearchState:
             out_dir=Path(out_dir),
             run_costs=spec.run_costs.model_dump(mode="json") if spec.run_costs is not None else None,
         )
+
+    def dropped_knobs(self) -> list[str]:
+        """The knobs the training check left out of the recommendation."""
+        return [d["knob"] for d in self.training_check.get("dropped", [])]
 
     def loader_wait(self, settings: dict[str, Any]) -> float | None:
         """The mean share of a step that the processes of ``settings`` measured so far waited for the DataLoader.

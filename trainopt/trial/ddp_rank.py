@@ -75,6 +75,12 @@ class RankGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
+    def mean(self, value: float) -> float:
+        """The mean of ``value`` over all ranks."""
+        t = torch.tensor([value], dtype=torch.float64, device=self._tensor_device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return float(t.item()) / self.world
+
     def any(self, flag: bool) -> bool:
         """True on every rank when it is true on any."""
         return self._reduce_max(1.0 if flag else 0.0) > 0.5
@@ -187,6 +193,8 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
             # so the worst rank's peak is production's worst batch.
             workload.dataset, result.probe_items = largest_items(
                 workload.dataset, settings["batch_size"], seed=seed, copies=world)
+        if request.mode == "train":
+            return _train(request, result, workload, settings, device, group), False
         trainer = Trainer(workload, settings, device, seed=seed, ddp=group)
         result.env["torch_threads"] = torch.get_num_threads()
         if request.mode == "probe":
@@ -234,6 +242,21 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         traceback.print_exc()
         result.status, result.error = fault_status(exc)
     return result, True
+
+
+def _train(request: TrialRequest, result: TrialResult, workload: Any, settings: dict[str, Any], device: torch.device,
+           group: RankGroup) -> TrialResult:
+    """A training-check run on every rank; rank 0's result holds the mean loss over the ranks at each step."""
+    from trainopt.trial.measure import Trainer
+    from trainopt.trial.training_run import seed_run, train_steps
+
+    order_seed = int(request.training["order_seed"])
+    trainer = Trainer(workload, settings, device, seed=order_seed, ddp=group)
+    seed_run(order_seed)
+    result.training = {**train_steps(trainer, int(request.training["steps"]), group=group), "order_seed": order_seed}
+    result.status = "ok"
+    result.dataset_len = trainer.dataset_len
+    return result
 
 
 def _write_status(path: Path, **fields: Any) -> None:

@@ -63,6 +63,21 @@ def _diagnose(result: TrialResult, request: TrialRequest, trainer, window_steps:
     result.run_costs = run_costs_or_none(trainer, request.spec.get("run_costs"), Path(request.result_path).parent)
 
 
+def _train(request: TrialRequest, result: TrialResult, workload, settings: dict, device) -> None:
+    """A training-check run (mode ``train``): the loss at every step into ``result.training``."""
+    import torch
+
+    from trainopt.trial.measure import Trainer
+    from trainopt.trial.training_run import seed_run, train_steps
+
+    order_seed = int(request.training["order_seed"])
+    trainer = Trainer(workload, settings, device, seed=order_seed)
+    result.env["torch_threads"] = torch.get_num_threads()
+    seed_run(order_seed)
+    result.training = {**train_steps(trainer, int(request.training["steps"])), "order_seed": order_seed}
+    result.status = "ok"
+
+
 def execute(request: TrialRequest) -> TrialResult:
     """Run one trial in this process and return its result (never raises for trial faults)."""
     import torch
@@ -105,6 +120,10 @@ def execute(request: TrialRequest) -> TrialResult:
             # The probe must fit the largest items a production batch may hold, not an average batch.
             workload.dataset, result.probe_items = largest_items(
                 workload.dataset, settings["batch_size"], seed=int(request.spec.get("seed", 0)))
+        if request.mode == "train":
+            _train(request, result, workload, settings, device)
+            result.dataset_len = dataset_len
+            return result
         trainer = Trainer(workload, settings, device, seed=int(request.spec.get("seed", 0)))
         result.env["torch_threads"] = torch.get_num_threads()
         if request.mode == "probe":

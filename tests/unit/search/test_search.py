@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_spec_dict
+from tests.fakes import training_result
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.spec import spec_from_dict
 from trainopt.search.search import Search, SearchFailed
@@ -25,7 +26,7 @@ class FakeRunner:
     """Throughput = base x effects(settings) x lognormal noise; OOM above ``fits_up_to``."""
 
     def __init__(self, effects=None, fits_up_to=10**9, noise=0.02, fail=None, compile_s=0.0, seed=0, final_factor=1.0,
-                 late_roles=("final",), wait=0.05):
+                 late_roles=("final",), wait=0.05, trains=None):
         # final_factor scales the candidate's runs in the final check only (and in the
         # held-out pairs too with late_roles=("holdout", "final")): the settings measured
         # slower (or faster) against the baseline than the confirmations suggested.
@@ -40,6 +41,8 @@ class FakeRunner:
         self.compile_s = compile_s
         self.rng = random.Random(seed)
         self.requests: list[TrialRequest] = []
+        # Training-check runs: settings that train worse or turn non-finite (``tests.fakes.fake_losses``).
+        self.trains = trains or {}
 
     def run(self, request: TrialRequest, log_path: Path, timeout_s: float) -> TrialResult:
         self.requests.append(request)
@@ -52,6 +55,8 @@ class FakeRunner:
                 return TrialResult(status=status, settings=s, mode=request.mode, error=f"fake {status}", env=env)
         if request.mode == "probe":
             return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=s["batch_size"] * 2**20, env=env, dataset_len=4096)
+        if request.mode == "train":
+            return training_result(request, self.trains)
         speed = 1000.0
         for (knob, value), factor in self.effects.items():
             if s.get(knob) == value:
@@ -445,9 +450,11 @@ def test_a_search_stopped_before_the_late_held_out_pairs_resumes_without_measuri
     store = TrialStore(f"sqlite:///{tmp_path / 'trials.db'}", spec.name, spec.fingerprint())
     doc = Search(spec, tmp_path, again, store).run()
     rerun = [r.trial_id for r in again.requests]
-    # The late held-out pairs, then the recommended settings' diagnosis trial that had not run yet.
+    # The late held-out pairs, the training check's runs, then the recommended settings'
+    # diagnosis trial that had not run yet.
     assert rerun[-1].startswith("diagnosis/final/")
-    rerun = rerun[:-1]
+    assert [t.split("/")[1] for t in rerun if t.startswith("training/")] == ["reference", "twin", "recommended"]
+    rerun = [t for t in rerun[:-1] if not t.startswith("training/")]
     assert rerun and not done & set(rerun) and all(t.startswith("holdout/amp/") for t in rerun)
     assert by_knob(doc, "amp")[0]["extra"]["holdout"]["n_pairs"] == 6 and doc["final"]["reused_pairs"] == 6
 
