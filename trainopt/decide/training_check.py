@@ -47,6 +47,7 @@ __all__ = [
     "VERDICTS",
     "TAIL_SHARE",
     "MIN_TAIL_STEPS",
+    "PHRASES",
     "TOLERANCE_FACTOR",
     "RELATIVE_FLOOR",
     "BLOWUP_FACTOR",
@@ -150,19 +151,22 @@ def judge(reference: Sequence[float | None], twin: Sequence[float | None], candi
                    yardstick=yardstick, tolerance=tolerance)
     if len(candidate) < steps or not _finite(candidate):
         return TrainingVerdict("diverged", f"the loss became non-finite at step {len(candidate)} of {steps} "
-                               f"(the reference ends its last {m} steps at {ref_tail:.4g})", **figures)
+                               f"(the reference's mean over the last {m} steps: {ref_tail:.4g})", **figures)
     cand_tail = statistics.fmean(candidate[-m:])
     figures["candidate_tail"] = cand_tail
     where = (f"mean loss over the last {m} of {steps} steps {cand_tail:.4g} against the reference's {ref_tail:.4g} "
-             f"(in another data order {twin_tail:.4g})")
+             f"(another data order: {twin_tail:.4g})")
     if cand_tail > BLOWUP_FACTOR * candidate[0] and ref_tail <= BLOWUP_FACTOR * reference[0]:
-        return TrainingVerdict("diverged", f"the loss blew up: from {candidate[0]:.4g} at the first step to a {where}",
+        return TrainingVerdict("diverged", f"the loss blew up from {candidate[0]:.4g} at the first step to a {where}",
                                **figures)
     if cand_tail - ref_tail > tolerance:
-        return TrainingVerdict("worse", f"trains worse: {where}; {cand_tail - ref_tail:.4g} higher, beyond the "
-                               f"{tolerance:.4g} the same training moves anyway", **figures)
-    return TrainingVerdict("same", f"trains the same: {where}, within the {tolerance:.4g} the same training "
-                           f"moves anyway", **figures)
+        return TrainingVerdict("worse", f"{where}: {cand_tail - ref_tail:.4g} higher, beyond the {tolerance:.4g} "
+                               f"the same training moves anyway", **figures)
+    return TrainingVerdict("same", f"{where}, within the {tolerance:.4g} the same training moves anyway", **figures)
+
+
+# How a verdict reads after "with it the settings ...".
+PHRASES = {"worse": "train worse", "diverged": "diverge", "same": "train the same", "inconclusive": "cannot be judged"}
 
 
 def reference_settings(baseline: Mapping[str, Any], recommended: Mapping[str, Any]) -> dict[str, Any]:

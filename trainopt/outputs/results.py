@@ -32,8 +32,9 @@ class ResultsError(UserError):
 
 
 def _recommended_changes(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The kept decisions whose changes are in the recommended settings."""
-    kept = [d for d in doc["decisions"] if d["kept"]]
+    """The kept decisions whose changes are in the recommended settings (not those the training check left out)."""
+    dropped = {d["knob"] for d in (doc.get("training_check") or {}).get("dropped", [])}
+    kept = [d for d in doc["decisions"] if d["kept"] and d["knob"] not in dropped]
     source = (doc.get("best") or {}).get("source")
     if source == "first-kept-change":
         return kept[:1]
@@ -50,6 +51,14 @@ def _code_section(spec_resolved: dict[str, Any]) -> dict[str, Any] | None:
     if collate is None and step is None and loss != "model":
         return None
     return {"collate": collate, "loss": loss, "step": step}
+
+
+def _training_provenance(check: dict[str, Any] | None) -> dict[str, Any] | None:
+    """best.yaml's account of the training check: its verdict, and what it left out and why."""
+    if not check:
+        return None
+    return {"verdict": check.get("verdict"), "reason": check.get("reason"), "steps": check.get("steps"),
+            "left_out": [{"knob": d["knob"], "value": d["value"], "reason": d["reason"]} for d in check.get("dropped") or []]}
 
 
 def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +101,7 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
                 for d in changes
             ],
             "lr_hint": (doc.get("batch_size") or {}).get("lr_hint") if batch_changed else None,
+            "training_check": _training_provenance(doc.get("training_check")),
             "env": doc.get("env", {}),
         },
     }

@@ -163,9 +163,13 @@ def search_summary(doc: dict[str, Any]) -> str:
         lines.append(f"final check: {final['verdict']}: {final.get('reason')}")
     if best.get("source"):
         lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
+    lines += training_lines(doc.get("training_check"))
     kept = [d for d in doc["decisions"] if d["kept"]]
+    dropped = {d["knob"] for d in (doc.get("training_check") or {}).get("dropped", [])}
     if kept:
-        lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
+        lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x"
+                                          + ("; left out: trains differently" if d["knob"] in dropped else "") + ")"
+                                          for d in kept))
     else:
         lines.append("kept: nothing (no change was confirmed as faster)")
     lines += [f"run cost: {line}" for line in run_cost_lines(doc.get("run_costs"))]
@@ -183,6 +187,21 @@ def search_summary(doc: dict[str, Any]) -> str:
     for warning in doc.get("warnings") or []:
         lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
+
+
+def training_lines(check: dict[str, Any] | None) -> list[str]:
+    """The training check in the summary: its verdict, what it left out, the fp16 scaler's skips."""
+    if not check:
+        return []
+    lines = [f"training check: {check['verdict']}: {check.get('reason')}"]
+    for d in check.get("dropped") or []:
+        lines.append(f"left out of best.yaml (faster, but trains differently): {d['reason']}")
+    last = (check.get("rounds") or [None])[-1]
+    skipped = (last or {}).get("recommended", {}).get("scaler_skipped")
+    if skipped:
+        lines.append(f"training check: the fp16 GradScaler skipped {skipped} of {check.get('steps')} steps "
+                     "(inf/NaN gradients)")
+    return lines
 
 
 def probe_items_line(items: dict[str, Any] | None) -> str | None:

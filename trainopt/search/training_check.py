@@ -89,8 +89,10 @@ class TrainingCheck:
             reference = rule.reference_settings(base.settings, rec.settings)
             self._batch_note(section, base.settings, rec.settings)
             if plan.settings_hash(reference) == plan.settings_hash(rec.settings):
-                if not rounds:
-                    section.update(verdict="not_needed", reason=self._nothing_to_judge(base.settings, rec.settings))
+                left = ", ".join(f"{d['knob']}={d['value']}" for d in dropped)
+                lead = f"with {left} left out, " if dropped else ""
+                section.update(verdict="not_needed", reason=lead + self._nothing_to_judge(base.settings, rec.settings),
+                               settings=rec.settings)
                 break
             ref = self._train(reference, "reference", self.seed)
             twin = self._train(reference, "twin", self.seed + 1)
@@ -110,6 +112,9 @@ class TrainingCheck:
             section.setdefault("final_checks", []).append({"settings": state.final.get("settings"), **previous})
             state.final = final_check(self.broker, self.held_out, base.settings, reduced,
                                       decisions=[d for d in state.decisions if d.knob not in names])
+            if state.final.get("verdict") == "unchanged":
+                state.final["reason"] = (f"the training check left out every kept change ({', '.join(names)}); "
+                                         f"the baseline stays")
         return section
 
     def _culprits(self, reference: dict[str, Any], recommended: dict[str, Any], ref: dict[str, Any],
@@ -124,17 +129,16 @@ class TrainingCheck:
             return {"knob": k, "value": recommended[k], "reason": f"{k}={recommended[k]} is left out: {why}"}
 
         if len(suspects) == 1:
-            return [drop(suspects[0], f"with it the recommended settings {verdict} in the training check: {this['reason']}")]
+            return [drop(suspects[0], f"with it the settings {rule.PHRASES[verdict]} ({this['reason']})")]
         failing = []
         for k in suspects:
             run = self._train(plan.with_knob(reference, k, recommended[k]), f"alone-{k}", self.seed)
             v = self._verdict(ref, twin, run)
             alone.append({"knob": k, "value": recommended[k], "run": run, **v.to_dict()})
             if v.verdict in ("worse", "diverged"):
-                failing.append(drop(k, f"alone on the reference it {v.verdict} in the training check: {v.reason}"))
-        return failing or [drop(k, f"the recommended settings {verdict} in the training check ({this['reason']}) and no "
-                                   f"changed knob does alone, so every one that can change the numbers goes")
-                           for k in suspects]
+                failing.append(drop(k, f"with it alone the reference's settings {rule.PHRASES[v.verdict]} ({v.reason})"))
+        return failing or [drop(k, f"the recommended settings {rule.PHRASES[verdict]} ({this['reason']}) and no changed "
+                                   f"knob does alone, so every one that can change the numbers goes") for k in suspects]
 
     def _batch_note(self, section: dict[str, Any], baseline: dict[str, Any], recommended: dict[str, Any]) -> None:
         """A batch change is reported, never judged: it changes the optimisation by design."""

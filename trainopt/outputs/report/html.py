@@ -28,6 +28,7 @@ from trainopt.outputs.report.formats import (
     sort_value,
 )
 from trainopt.outputs.report.rows import format_value, speedup_rows
+from trainopt.outputs.report.training import training_section
 
 __all__ = [
     "render_html",
@@ -533,6 +534,7 @@ def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir:
         "waterfall_img": inline.get("waterfall.png"),
         "windows_img": inline.get("windows.png"),
         "stability": _stability_section(doc, inline.get("stability.png")),
+        "training": training_section(doc, inline.get("training.png")),
         "warnings": [str(w) for w in doc.get("warnings") or [] if w],
         "error_rates": str((doc.get("error_rates") or {}).get("text") or ""),
         "knobs": _knob_sections(doc),
