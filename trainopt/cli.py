@@ -1,4 +1,4 @@
-"""Command-line interface: ``trainopt init | validate | measure | search | report | export | env``.
+"""Command-line interface: ``trainopt init | validate | measure | search | report | export | verify | env``.
 
 ``main(argv)`` returns the exit code: 0 success, 1 a run failed, 2 bad input, 130/143
 when interrupted by SIGINT/SIGTERM. User mistakes are answered with one clear message,
@@ -285,6 +285,69 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
+# ---- verify ------------------------------------------------------------------------------
+
+
+def _verify_inputs(args):
+    """The spec, the settings to verify and what was recorded with them, from the command line."""
+    from trainopt.contract.spec import apply_overrides, load_spec, parse_set
+    from trainopt.errors import UserError
+    from trainopt.settings.record import read_record
+
+    target = Path(args.dir)
+    best = target / "best.yaml" if target.is_dir() else target
+    if not best.exists():
+        raise UserError(f"{best}: no best.yaml here; give a search output folder or a best.yaml file")
+    record = read_record(best)
+    spec_path = Path(args.spec) if args.spec else best.parent / "spec.resolved.yaml"
+    if not spec_path.exists():
+        raise UserError(f"{spec_path}: no spec beside {best.name}; name the spec it was searched with: --spec SPEC")
+    spec = _load(str(spec_path)) if args.spec else load_spec(spec_path)
+    if not args.spec:
+        # spec.resolved.yaml's references were written relative to where the search ran.
+        from trainopt.execute.refcheck import check_references
+
+        check_references(spec)
+    if args.set:
+        settings = apply_overrides(spec, parse_set(args.set))
+    else:
+        settings = {**spec.baseline, **dict(record.settings)}
+    return spec, settings, dict(record.provenance), best
+
+
+def cmd_verify(args) -> int:
+    import datetime as dt
+
+    from trainopt.atomic import write_json_atomic
+    from trainopt.execute.runner import SubprocessRunner
+    from trainopt.outputs.workspace import OutputFolder
+    from trainopt.search.progress import ConsoleProgress
+    from trainopt.search.store import TrialStore
+    from trainopt.search.verification import verify
+
+    spec, settings, recorded, best = _verify_inputs(args)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else best.parent / "verify" / stamp
+    with OutputFolder(out) as folder:
+        store = TrialStore(f"sqlite:///{folder.path / 'trials.db'}", spec.name, spec.fingerprint(), fresh=True)
+        runner = SubprocessRunner()
+        executor = _executor(args, spec, runner)
+        progress = ConsoleProgress(quiet=args.quiet or args.json)
+        try:
+            doc = verify(spec, settings, folder.path, runner, store, executor, recorded=recorded, progress=progress)
+        finally:
+            progress.close()
+            executor.close()
+            store.close()
+        write_json_atomic(folder.path / "verify.json", doc)
+    if args.json:
+        print(json.dumps(doc, default=str))
+    else:
+        print(summary.verify_summary(doc))
+        print(f"details: {folder.path / 'verify.json'}")
+    return EXIT_OK if doc["ok"] else EXIT_FAILED
+
+
 # ---- init / env ----------------------------------------------------------------------
 
 # The starter specs shipped in the package (trainopt/starter/NAME.yaml), by built-in model.
@@ -411,6 +474,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch: code for a plain PyTorch loop (default); lightning: Trainer(...) keyword arguments; "
                         "hf: TrainingArguments(...) keyword arguments; yaml: the settings as YAML")
     e.set_defaults(func=cmd_export)
+
+    f = command("verify", "re-measure recommended settings against the baseline here and now, and check they train the same",
+                ("trainopt verify runs/resnet18-cifar", "trainopt verify runs/resnet18-cifar/best.yaml --json"))
+    f.add_argument("dir", metavar="DIR", help="a search output folder or its best.yaml")
+    f.add_argument("--spec", metavar="SPEC", help="the spec the settings were searched with "
+                                                 "(default: spec.resolved.yaml beside best.yaml)")
+    f.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                   help="verify the spec's baseline with these knobs changed instead of best.yaml's settings (repeatable)")
+    f.add_argument("--out", metavar="DIR", help="folder for the verification's trials and verify.json "
+                                               "(default: verify/<time> beside best.yaml)")
+    f.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    f.add_argument("--quiet", action="store_true", help="no progress")
+    scaling.add_options(f)
+    f.set_defaults(func=cmd_verify)
 
     n = command("env", "print the environment fingerprint that every result records",
                 ("trainopt env", "trainopt env --device cuda:1 --json"))

@@ -276,3 +276,26 @@ def env_text(env: dict[str, Any]) -> str:
             value = "n/a"
         lines.append(f"{key}: {value}")
     return "\n".join(lines)
+
+
+def verify_summary(doc: dict[str, Any]) -> str:
+    """``trainopt verify``'s lines: today's speedup beside the recorded one, the training check, what changed here."""
+    speed = doc.get("speed") or {}
+    rec = doc.get("recorded") or {}
+    changed = ", ".join(f"{k}={v}" for k, v in (doc.get("changed") or {}).items()) or "nothing (the baseline itself)"
+    lines = [f"verify {doc.get('name')}: {'holds' if doc.get('ok') else 'FAILS'}", f"settings: changes {changed}"]
+    ci = speed.get("ci")
+    if doc.get("same_settings_as_baseline"):
+        speed = {**speed, "reason": "nothing to compare: these are the spec's baseline settings"}
+    now = (f"{speed['speedup']:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}] over {speed.get('n_pairs')} fresh pairs"
+           if speed.get("speedup") is not None and ci else str(speed.get("reason") or "not measured"))
+    then = f"{rec['speedup']:.3f}x" if rec.get("speedup") is not None else "none recorded"
+    if rec.get("speedup_ci"):
+        then += f" [{rec['speedup_ci'][0]:.3f}, {rec['speedup_ci'][1]:.3f}]"
+    lines.append(f"speedup now: {now} ({speed.get('verdict')}); recorded: {then}"
+                 + (f" on {rec['measured_at']}" if rec.get("measured_at") else ""))
+    lines.append("speed: the win holds" if doc.get("speed_holds") else f"speed: the win does not hold: {speed.get('reason')}")
+    lines += training_lines(doc.get("training_check"))
+    diffs = doc.get("env_differences") or []
+    lines.append("environment: as recorded" if not diffs else "environment differs from the recording: " + "; ".join(diffs))
+    return "\n".join(lines)

@@ -75,8 +75,13 @@ class TrainingCheck:
         return rule.TrainingVerdict("inconclusive", f"the run of these settings failed ({cand['status']}: {cand['error']})",
                                     rule.tail_steps(self.steps))
 
-    def run(self) -> dict[str, Any]:
-        """Check, drop what trains differently, check again; returns the ``training_check`` section."""
+    def run(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Check, drop what trains differently, check again; returns the ``training_check`` section.
+
+        Args:
+            settings: Check exactly these settings, once, and drop nothing (``trainopt verify``);
+                default: the search's recommended settings, as the module docstring says.
+        """
         state = self.state
         base = state.baseline
         dropped: list[dict[str, Any]] = []
@@ -85,27 +90,28 @@ class TrainingCheck:
                                    "dropped": dropped}
         while True:
             names = [d["knob"] for d in dropped]
-            rec = recommend(base.settings, base.samples_per_s, state.decisions, state.final, dropped=names)
-            reference = rule.reference_settings(base.settings, rec.settings)
-            self._batch_note(section, base.settings, rec.settings)
-            if plan.settings_hash(reference) == plan.settings_hash(rec.settings):
+            current = settings if settings is not None else recommend(
+                base.settings, base.samples_per_s, state.decisions, state.final, dropped=names).settings
+            reference = rule.reference_settings(base.settings, current)
+            self._batch_note(section, base.settings, current)
+            if plan.settings_hash(reference) == plan.settings_hash(current):
                 left = ", ".join(f"{d['knob']}={d['value']}" for d in dropped)
                 lead = f"with {left} left out, " if dropped else ""
-                section.update(verdict="not_needed", reason=lead + self._nothing_to_judge(base.settings, rec.settings),
-                               settings=rec.settings)
+                section.update(verdict="not_needed", reason=lead + self._nothing_to_judge(base.settings, current),
+                               settings=current)
                 break
             ref = self._train(reference, "reference", self.seed)
             twin = self._train(reference, "twin", self.seed + 1)
-            cand = self._train(rec.settings, "recommended", self.seed)
+            cand = self._train(current, "recommended", self.seed)
             verdict = self._verdict(ref, twin, cand)
-            this = {"settings": rec.settings, "reference": ref, "twin": twin, "recommended": cand, **verdict.to_dict()}
+            this = {"settings": current, "reference": ref, "twin": twin, "recommended": cand, **verdict.to_dict()}
             rounds.append(this)
-            section.update(verdict=verdict.verdict, reason=verdict.reason, settings=rec.settings)
-            if verdict.verdict in ("same", "inconclusive"):
+            section.update(verdict=verdict.verdict, reason=verdict.reason, settings=current)
+            if verdict.verdict in ("same", "inconclusive") or settings is not None:
                 break
-            culprits = self._culprits(reference, rec.settings, ref, twin, this)
+            culprits = self._culprits(reference, current, ref, twin, this)
             dropped.extend(culprits)
-            reduced = rule.without(rec.settings, reference, [d["knob"] for d in culprits])
+            reduced = rule.without(current, reference, [d["knob"] for d in culprits])
             # Their speed was never measured as such: a final check of their own against the baseline.
             names = [d["knob"] for d in dropped]
             previous = {k: v for k, v in state.final.items() if k != "settings"}
