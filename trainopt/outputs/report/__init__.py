@@ -32,6 +32,7 @@ def write_report(out_dir: Path, doc: dict[str, Any]) -> Path:
     from trainopt.atomic import write_text_atomic
     from trainopt.outputs.report.html import render_html
     from trainopt.outputs.report.plots import PLOTS
+    from trainopt.outputs.report.training import training_curves
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -39,7 +40,7 @@ def write_report(out_dir: Path, doc: dict[str, Any]) -> Path:
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
     images: dict[str, Path | None] = {}
-    for name, draw in PLOTS.items():
+    for name, draw in {**PLOTS, "training.png": training_curves}.items():
         target = plots_dir / name
         images[name] = draw(doc, target)
         if images[name] is None:

@@ -534,8 +534,6 @@ def step_breakdown(doc: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-from trainopt.outputs.report.training import training_curves  # noqa: E402 - it draws with the helpers above
-
 # File name in plots/ -> function; the report writes them in this order.
 PLOTS = {
     "speedups.png": speedup_bars,
@@ -544,5 +542,4 @@ PLOTS = {
     "windows.png": window_traces,
     "stability.png": stability_trace,
     "breakdown.png": step_breakdown,
-    "training.png": training_curves,
 }

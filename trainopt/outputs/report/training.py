@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from trainopt.knobs.catalog import format_value
+from trainopt.outputs.report.plots import _figure, _legend, _save, _style
 
 __all__ = ["training_curves", "training_section"]
 
@@ -34,8 +35,6 @@ def training_curves(doc: dict[str, Any], path: Path) -> Path | None:
     The first round is drawn: it holds the settings the search found, so a change that was
     left out shows here with its curve; later rounds checked the settings without it.
     """
-    from trainopt.outputs.report.plots import _figure, _legend, _save, _style
-
     first = _first_round(doc)
     if first is None:
         return None
