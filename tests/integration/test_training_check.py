@@ -110,3 +110,43 @@ def test_settings_whose_loss_turns_non_finite_fail_verify_as_diverged(tmp_path):
 def test_verify_refuses_bad_input_with_one_message(tmp_path):
     missing = cli("verify", tmp_path / "nowhere")
     assert missing.returncode == 2 and "no best.yaml here" in missing.stderr and "Traceback" not in missing.stderr
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("example", ["your_code_pairs", "your_code_text", "your_code_scenes", "your_code_lightning",
+                                     "your_code_hf"])
+def test_every_form_of_training_code_trains_the_check_reproducibly(tmp_path, example):
+    """Pairs and a named loss, loss: model, step:, a LightningModule, a Hugging Face model: one order, one trace."""
+    from trainopt.contract.spec import load_spec
+
+    spec = load_spec(EXAMPLES / f"{example}.yaml")
+    settings = {**spec.baseline, "threads": 1}
+
+    def run(order_seed: int, name: str) -> list:
+        request = TrialRequest(spec=spec.resolved(), source_dir=str(EXAMPLES), settings=settings, mode="train",
+                               result_path=str(tmp_path / f"{name}.result.json"), training={"steps": 6, "order_seed": order_seed})
+        result = SubprocessRunner().run(request, tmp_path / f"{name}.log", 300)
+        assert result.ok, f"{result.error} (log: {(tmp_path / f'{name}.log').read_text()[-2000:]})"
+        return result.training["losses"]
+
+    first, again, other = run(0, "first"), run(0, "again"), run(1, "other")
+    assert len(first) == 6 and all(isinstance(v, float) for v in first)
+    assert first == again and first != other
+
+
+def test_a_data_parallel_run_reports_the_mean_loss_over_its_ranks(tmp_path):
+    data = tiny_spec_dict(distributed={"nproc_per_node": 2, "backend": "gloo"}, baseline={"batch_size": 8, "threads": 1})
+    spec = spec_from_dict(data, "ddp.yaml", tmp_path)
+
+    def run(order_seed: int, name: str) -> dict:
+        request = TrialRequest(spec=spec.resolved(), source_dir=str(tmp_path), settings=dict(spec.baseline), mode="train",
+                               result_path=str(tmp_path / f"{name}.result.json"), training={"steps": 5, "order_seed": order_seed})
+        result = SubprocessRunner().run(request, tmp_path / f"{name}.log", 300)
+        assert result.ok, result.error
+        assert result.world_size == 2
+        return result.training
+
+    a, b = run(0, "a"), run(0, "b")
+    assert len(a["losses"]) == 5 and a["losses"] == b["losses"] and a["order_seed"] == 0
