@@ -189,8 +189,10 @@ COMPILED_ARM_COST = 2.6
 # candidates take longer over their warm-up steps); the one-shot cold-compile trial 14-16
 # from a cold compiler cache (3.7-4.4 from a warm one, for a search run again). The diagnosis
 # trial of the recommended settings after the final check is a one-shot fresh process with a
-# profiled window, like the baseline trial, and is priced as one.
-ROLE_COST = {"baseline": 2.4, "diagnosis": 2.4, "probe": 1.8, "screen": 1.4}
+# profiled window, like the baseline trial, and is priced as one. A training-check run is a
+# one-shot fresh process too, without the timed windows but with its 40 steps: priced as a
+# probe until the search has timed one (``ArmCosts`` learns each kind's price).
+ROLE_COST = {"baseline": 2.4, "diagnosis": 2.4, "probe": 1.8, "screen": 1.4, "training": 1.8}
 COLD_COMPILE_COST = 14.0
 
 

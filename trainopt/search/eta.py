@@ -92,6 +92,21 @@ class SearchEta:
         if set_expected is not None:
             set_expected(1.0 if settings is not None else 0.0)
 
+    def training_check(self, settings: dict[str, Any], runs: int, diagnosis: bool) -> None:
+        """After the final check: the training check's runs are left (three, or none), then the diagnosis trial.
+
+        A check that finds a change to drop runs more (each suspect alone, a final check of the
+        rest and a second check); they are counted as they start, not guessed in advance.
+        """
+        costs = self._costs()
+        left = runs * plan.arm_cost(settings, "training", costs)
+        if diagnosis:
+            left += plan.arm_cost(settings, "diagnosis", costs)
+        self.progress.set_remaining(left)
+        set_expected = getattr(self.progress, "set_expected", None)
+        if set_expected is not None:
+            set_expected(float(runs + (1 if diagnosis else 0)))
+
     def selected(self, count: int) -> None:
         """A knob's screen selected ``count`` candidates for confirmation."""
         self._selected_now = count

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from trainopt.contract.spec import Spec
 from trainopt.decide import bottleneck, plan
+from trainopt.decide import training_check as training_rule
 from trainopt.decide.recommendation import recommend
 from trainopt.decide.verdict import Decision
 from trainopt.execute.executors import SerialExecutor, SessionExecutor
@@ -146,6 +147,12 @@ class Search:
         if not check.training:
             self.state.training_check = not_checked("check.training is false: the training was not checked")
             return
+        state = self.state
+        rec = recommend(state.baseline.settings, state.baseline.samples_per_s, state.decisions, state.final)
+        judged = plan.settings_hash(rec.settings) != plan.settings_hash(training_rule.reference_settings(state.baseline.settings,
+                                                                                                          rec.settings))
+        self.eta.training_check(rec.settings, 3 if judged else 0,
+                                diagnosis=plan.settings_hash(rec.settings) != plan.settings_hash(state.baseline.settings))
         self._checkpoint(complete=False)
         self.progress.stage("training", f"training check: {check.training_steps} steps of the recommended settings, "
                                         f"a reference and its twin")
