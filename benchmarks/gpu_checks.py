@@ -17,6 +17,8 @@
    without loader workers (expected input- or host-bound) and at batch 256 with workers
    (expected compute-bound): each phase's share, ``device_busy`` from the profiler, NVML's
    figures where ``nvidia-ml-py`` is installed, and the bottleneck verdict.
+6. **The training check** of bf16, fp16 (with the GradScaler's skipped steps) and compile on
+   ResNet-18: ``trainopt verify --set`` of each against the small search's baseline.
 
 Every step has its own time limit and the script stops starting steps past ``--budget-s``;
 ``summary.json`` and ``summary.md`` in ``--out`` hold what ran. ``--device cpu --quick``
@@ -315,6 +317,28 @@ class Checks:
                 "final": {k: final.get(k) for k in ("verdict", "speedup", "ci", "n_pairs", "baseline_samples_per_s",
                                                     "contradicted", "claim_check")}}
 
+    def training_check(self) -> dict:
+        """The training check of bf16, fp16 and compile on the baseline: ``trainopt verify --set`` of each,
+        on the small search's output (its spec and best.yaml), recording the training verdict and losses."""
+        out: dict = {"small_search": (self.work / "small-search" / "best.yaml").exists()}
+        if not out["small_search"]:
+            return {"error": "the small search left no best.yaml to verify against"}
+        for change in ("amp=bf16", "amp=fp16", "compile=default"):
+            proc = self.run([sys.executable, "-m", "trainopt", "verify", str(self.work / "small-search"), "--set", change,
+                             "--json", "--out", str(self.work / f"verify-{change.replace('=', '-')}")], 420)
+            try:
+                doc = json.loads(proc.stdout)
+            except json.JSONDecodeError:
+                out[change] = {"rc": proc.returncode, "error": proc.stderr[-1500:]}
+                continue
+            check = doc.get("training_check") or {}
+            last = (check.get("rounds") or [{}])[-1]
+            out[change] = {"rc": proc.returncode, "verdict": check.get("verdict"), "reason": check.get("reason"),
+                           "tails": {k: last.get(k) for k in ("reference_tail", "twin_tail", "candidate_tail", "tolerance")},
+                           "scaler_skipped": (last.get("recommended") or {}).get("scaler_skipped"),
+                           "speedup": (doc.get("speed") or {}).get("speedup"), "speed_holds": doc.get("speed_holds")}
+        return out
+
     def search(self, spec: Path, name: str, timeout: float) -> dict:
         out = self.work / name
         try:
@@ -360,7 +384,8 @@ def main() -> None:
     args = ap.parse_args()
     checks = Checks(Path(args.out), args.device, args.quick, args.budget_s)
     steps = [("env", checks.env_info), ("sync_timing", checks.sync_timing), ("fidelity", checks.fidelity), ("amp", checks.amp),
-             ("breakdown", checks.breakdown), ("oom_measure", checks.oom), ("small_search", checks.small_search), ("oom_search", checks.oom_search)]
+             ("breakdown", checks.breakdown), ("oom_measure", checks.oom), ("small_search", checks.small_search), ("training_check", checks.training_check),
+             ("oom_search", checks.oom_search)]
     t0 = time.monotonic()
     for name, fn in steps:
         if not args.only or name in args.only:

@@ -304,10 +304,14 @@ def _verify_inputs(args):
         raise UserError(f"{spec_path}: no spec beside {best.name}; name the spec it was searched with: --spec SPEC")
     spec = _load(str(spec_path)) if args.spec else load_spec(spec_path)
     if not args.spec:
-        # spec.resolved.yaml's references were written relative to where the search ran.
         from trainopt.execute.refcheck import check_references
 
-        check_references(spec)
+        try:
+            check_references(spec)
+        except UserError as exc:
+            # spec.resolved.yaml keeps references as written, relative to the original spec's folder.
+            raise UserError(f"{exc.render()}\n(references in {spec_path} resolve against its own folder; "
+                            f"name the spec the search ran: --spec SPEC)") from None
     if args.set:
         settings = apply_overrides(spec, parse_set(args.set))
     else:
