@@ -154,8 +154,7 @@ class Search:
         self.eta.training_check(rec.settings, 3 if judged else 0,
                                 diagnosis=plan.settings_hash(rec.settings) != plan.settings_hash(state.baseline.settings))
         self._checkpoint(complete=False)
-        self.progress.stage("training", f"training check: {check.training_steps} steps of the recommended settings, "
-                                        f"a reference and its twin")
+        self.progress.stage("training", f"training check, {check.training_steps} steps a run")
         self.state.training_check = TrainingCheck(self.broker, self.held_out, self.state, check.training_steps,
                                                   self.spec.seed).run()
 

@@ -74,8 +74,7 @@ def verify(spec: Any, settings: dict[str, Any], out_dir: Path, runner: Runner, s
         # Exactly these settings: a verification reports what fails, it drops nothing.
         state.decisions = []
         check = TrainingCheck(broker, held_out, state, spec.check.training_steps, spec.seed)
-        progress.stage("training", f"training check: {spec.check.training_steps} steps of these settings, a reference "
-                                   f"and its twin")
+        progress.stage("training", f"training check, {spec.check.training_steps} steps a run")
         training = check.run(settings)
     else:
         training = not_checked("check.training is false: the training was not checked")
