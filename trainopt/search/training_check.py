@@ -70,7 +70,7 @@ class TrainingCheck:
             if run["status"] != "ok":
                 return rule.TrainingVerdict("inconclusive", f"the {what} run failed ({run['status']}: {run['error']})",
                                             rule.tail_steps(self.steps))
-        if cand["status"] == "nonfinite" or (cand["status"] == "ok" and cand["losses"] is not None):
+        if cand["status"] == "nonfinite" or (cand["status"] == "ok" and cand["losses"]):
             return rule.judge(ref["losses"], twin["losses"], cand["losses"], self.steps)
         return rule.TrainingVerdict("inconclusive", f"the run of these settings failed ({cand['status']}: {cand['error']})",
                                     rule.tail_steps(self.steps))
@@ -114,8 +114,7 @@ class TrainingCheck:
             reduced = rule.without(current, reference, [d["knob"] for d in culprits])
             # Their speed was never measured as such: a final check of their own against the baseline.
             names = [d["knob"] for d in dropped]
-            previous = {k: v for k, v in state.final.items() if k != "settings"}
-            section.setdefault("final_checks", []).append({"settings": state.final.get("settings"), **previous})
+            section.setdefault("final_checks", []).append(dict(state.final))
             state.final = final_check(self.broker, self.held_out, base.settings, reduced,
                                       decisions=[d for d in state.decisions if d.knob not in names])
             if state.final.get("verdict") == "unchanged":
