@@ -150,6 +150,9 @@ class TrialResult:
     # (``trainopt.trial.probe_items``): sampled, dataset_len, largest, median, smallest, in_batch,
     # unit. Optional, so results without it read as before.
     probe_items: dict[str, Any] | None = None
+    # Where the loss came from when the model or step returned a tuple or list, such as
+    # ``(logits, loss)`` (``trainopt.trial.batches.loss_note``). Optional, likewise.
+    loss_note: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

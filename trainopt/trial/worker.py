@@ -115,6 +115,9 @@ def execute(request: TrialRequest) -> TrialResult:
                 trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"]
             )
         fill_result(result, m, dataset_len)
+        result.loss_note = getattr(trainer.compute_loss, "note", None)
+        if result.loss_note:
+            print(result.loss_note, file=sys.stderr)  # the trial log says it too
         if request.diagnose and request.mode == "measure":
             _diagnose(result, request, trainer, m.window_steps)
     except NonFiniteLoss as exc:
