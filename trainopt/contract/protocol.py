@@ -28,9 +28,10 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 # The reference check (``trainopt.execute.refcheck`` asks, ``trainopt.trial.refcheck`` answers):
-# request ``{kind, schema_version, source_dir, answer_path, references: [{field, ref}]}``,
+# request ``{kind, schema_version, source_dir, answer_path, references: [{field, ref, builtin,
+# args_field, args, leading}]}``,
 # answer ``{kind, schema_version, problems: [message, ...], tracebacks: bool}``.
-REFCHECK_SCHEMA_VERSION = 1
+REFCHECK_SCHEMA_VERSION = 2
 REFCHECK_REQUEST_KIND = "trainopt-refcheck-request"
 REFCHECK_ANSWER_KIND = "trainopt-refcheck"
 
