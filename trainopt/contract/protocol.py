@@ -154,6 +154,9 @@ class TrialResult:
     # Where the loss came from when the model or step returned a tuple or list, such as
     # ``(logits, loss)`` (``trainopt.trial.batches.loss_note``). Optional, likewise.
     loss_note: str | None = None
+    # What the trial trained (``trainopt.trial.workload_record``): the loss form, the optimizer
+    # it built (source, name, class, args), a LightningModule's own loader batch size. Optional.
+    workload: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -150,7 +150,9 @@ class TrainSettings:
     @property
     def code(self) -> Mapping[str, Any] | None:
         """The training code the settings were measured with: ``collate``, ``loss``, ``step`` (each as
-        the spec wrote it), or None for ``(input, target)`` pairs with PyTorch's default collate."""
+        the spec wrote it; no ``loss`` beside a step or a LightningModule's training_step), and when
+        recorded the loss ``form``, the ``optimizer`` (``source``, ``name``, ``class``, ``args``) and
+        ``data_batch_size``; None for settings that name no code."""
         return self._record.code
 
     @property

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from trainopt.contract.reference import WorkloadError
+from trainopt.contract.spec import LOSS_FORMS
 
 __all__ = [
     "LOSS_FORMS",
@@ -46,7 +47,6 @@ __all__ = [
     "tensors",
 ]
 
-LOSS_FORMS = ("pair", "model", "step", "lightning")
 # What a loss may be, for the messages that say what to return.
 _LOSS_SHAPES = ("a scalar tensor, an object with .loss, a dict with 'loss', a dict of scalar losses, "
                 "or a tuple or list with one scalar tensor among its elements, such as (logits, loss)")

@@ -315,8 +315,10 @@ def training_step_loss(driver: SchedulerDriver | None) -> Callable[[Any, Any], A
 # ---- data ------------------------------------------------------------------------------------
 
 
-def loader_parts(source: Any, field_name: str) -> tuple[Any, Any]:
-    """The data set and collate function of ``source.train_dataloader()`` (a module or a data module).
+def loader_parts(source: Any, field_name: str) -> tuple[Any, Any, int | None]:
+    """The data set, collate function and batch size of ``source.train_dataloader()`` (a module or a data module).
+
+    The batch size is the one the loader asked for; trainopt's ``batch_size`` knob replaces it.
 
     Raises:
         WorkloadError: No train_dataloader, or one that is not a DataLoader over a map-style data set.
@@ -344,4 +346,4 @@ def loader_parts(source: Any, field_name: str) -> tuple[Any, Any]:
     collate = loader.collate_fn
     if collate is torch.utils.data.default_collate:
         collate = None
-    return dataset, collate
+    return dataset, collate, loader.batch_size
