@@ -155,7 +155,8 @@ def test_the_torch_export_writes_the_collate_and_the_model_loss_loop():
     assert f"from {MODULE} import pad_collate  # data.collate: {MODULE}:pad_collate" in text
     assert "    collate_fn=pad_collate,  # data.collate" in text
     assert "for step, batch in enumerate(loader):" in text and "    batch = to_device(batch)" in text
-    assert "        loss = model(**batch).loss  # loss: model" in text
+    assert "        loss = model_loss(model, batch)  # loss: model" in text
+    assert "        output = model(**batch)" in text
     assert "batch.contiguous(memory_format=torch.channels_last)" in text
 
 

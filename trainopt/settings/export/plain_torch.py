@@ -5,8 +5,11 @@ DistributedSampler, DistributedDataParallel with the ``ddp_*`` knobs' arguments,
 ``no_sync()`` on accumulation steps, and a teardown that frees DDP before the process group.
 With best.yaml's ``code:`` section it is the loop of the spec's own training code: the
 DataLoader gets the ``collate_fn`` (``data.collate``), and the loop moves whole batches and
-computes the loss as ``loss = model(**batch).loss`` (``loss: model``) or
-``loss = step(model, batch)`` (``step``).
+computes the loss as ``model_loss(model, batch)`` (``loss: model``: the batch into the model as
+the trial called it, the loss read from the output as the trial read it),
+``step(model, batch)`` (``step``, imported from its module or file), or a LightningModule's
+``training_step(batch, batch_idx)`` (the ``lightning`` form). The optimizer is the one the
+trials built (``code.optimizer``): its class or the spec's factory, with its arguments.
 """
 
 from __future__ import annotations
@@ -62,6 +65,32 @@ def _to_device_lines(s: TrainSettings) -> list[str]:
         "        moved = [to_device(item) for item in batch]",
         '        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)',
         "    return batch  # a dataclass batch: move its tensor fields the same way",
+        "",
+        "",
+    ]
+
+
+def _model_loss_lines() -> list[str]:
+    """``loss: model`` as the trials read it: the whole batch into the model, the loss out of its output."""
+    return [
+        "def model_loss(model, batch):",
+        '    """The model called with the whole batch, and the loss read from its output, as measured."""',
+        "    if isinstance(batch, Mapping):",
+        "        output = model(**batch)",
+        "    elif isinstance(batch, (tuple, list)):",
+        "        output = model(*batch)",
+        "    else:",
+        "        output = model(batch)",
+        "    if isinstance(output, torch.Tensor):",
+        "        return output",
+        '    if isinstance(output, Mapping) and "loss" in output:',
+        '        return output["loss"]',
+        '    if getattr(output, "loss", None) is not None:',
+        "        return output.loss",
+        "    if isinstance(output, Mapping):",
+        "        return sum(output.values())  # a dict of losses: their sum",
+        "    # a tuple such as (logits, loss): its one scalar tensor",
+        "    return next(item for item in output if isinstance(item, torch.Tensor) and item.numel() == 1)",
         "",
         "",
     ]
@@ -192,6 +221,8 @@ def render(s: TrainSettings, header: list[str]) -> str:
     lines += [f"grad_accum = {accum}  # {knob(s, 'grad_accum')}", ""]
     if form != "pair":
         lines += _to_device_lines(s)
+    if form == "model":
+        lines += _model_loss_lines()
     if ddp:
         lines.append("# at the start of every epoch: sampler.set_epoch(epoch), so each epoch shuffles anew, as measured")
     if form == "pair":
@@ -209,9 +240,8 @@ def render(s: TrainSettings, header: list[str]) -> str:
     else:
         lines += ["for step, batch in enumerate(loader):", "    batch = to_device(batch)  # the whole batch, as measured"]
         if form == "model":
-            compute = ["loss = model(**batch).loss"]
-            why = ("loss: model (a tuple batch: model(*batch); a dict output: its [\"loss\"] or the sum of its losses; "
-                   "a (logits, loss) output: its one scalar tensor)")
+            compute = ["loss = model_loss(model, batch)"]
+            why = "loss: model (the model computes its own loss from the whole batch)"
         elif form == "lightning":
             compute = ["output = model(batch, step)", 'loss = output["loss"] if isinstance(output, Mapping) else output']
             why = "the LightningModule's training_step(batch, batch_idx), as measured"
