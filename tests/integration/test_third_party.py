@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import tiny_spec_dict
+from tests.conftest import ROOT, tiny_spec_dict
 from tests.integration.test_user_code import _search, measure
 
 pytest.importorskip("lightning.pytorch")
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 DEMOS = "lightning.pytorch.demos"
 FIXTURE = "tests.fixtures.third_party"
+GPT = f"{ROOT / 'examples' / 'your_code_gpt.py'}"
 
 
 def spec_for(model: str, model_args=None, data=None, **overrides) -> dict:
@@ -91,7 +92,7 @@ def test_the_demo_transformer_searches_and_its_settings_carry_what_was_measured(
 @pytest.mark.parametrize(
     "spec, note",
     [
-        (spec_for(f"{FIXTURE}:gpt_from_args", {"n_layer": 1, "n_embd": 16}, {"name": f"{FIXTURE}:next_tokens", "args": {"size": 64}},
+        (spec_for(f"{GPT}:gpt", {"n_layer": 1, "n_embd": 16}, {"name": f"{GPT}:next_tokens", "args": {"size": 64}},
                   loss="model", optimizer={"name": "adamw", "args": {"lr": 3e-4}}),
          "loss 'model': the model's output is a tuple (a tensor of shape [8, 16, 64], a scalar tensor); element 1, "
          "its one scalar tensor, is the loss"),

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from tests.fixtures import third_party, user_code
+from tests.fixtures import user_code
+from trainopt.contract.reference import resolve_reference
 from trainopt.settings.export import render_settings
 from trainopt.settings.production import TrainSettings
 
@@ -35,6 +36,10 @@ FACTORY = {"source": "spec", "name": "tests.fixtures.user_code:make_sgd", "class
 LIGHTNING = {"source": "configure_optimizers", "name": None, "class": "torch.optim.SGD", "args": {"lr": 0.1}}
 
 
+def _gpt(name: str):
+    return resolve_reference(f"examples/your_code_gpt.py:{name}", ROOT)
+
+
 def pairs():
     g = torch.Generator().manual_seed(0)
     return torch.utils.data.TensorDataset(torch.randn(32, 32, generator=g), torch.randint(0, 2, (32,), generator=g))
@@ -47,7 +52,7 @@ def case(name):
                 torch.nn.Linear(32, 2), pairs(), {"loss_fn": torch.nn.functional.cross_entropy})
     if name == "model (logits, loss)":
         return ({"collate": None, "loss": "model", "step": None, "form": "model", "optimizer": ADAMW},
-                third_party.gpt_from_args(), third_party.next_tokens(size=32), {})
+                _gpt("gpt")(), _gpt("next_tokens")(size=32), {})
     if name == "model (dict batches)":
         return ({"collate": "tests.fixtures.user_code:pad_collate", "loss": "model", "step": None, "form": "model",
                  "optimizer": FACTORY}, user_code.encoder(), user_code.tokens(size=32), {})

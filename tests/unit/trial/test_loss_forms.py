@@ -81,8 +81,8 @@ def test_the_loss_is_read_from_an_object_or_a_dict_output(output):
 
 
 def test_a_model_returning_logits_and_loss_trains_on_its_one_scalar_and_says_which_element():
-    s = {"model": {"name": "tests.fixtures.third_party:gpt_from_args", "args": {"n_layer": 1, "n_embd": 16}},
-         "data": {"name": "tests.fixtures.third_party:next_tokens", "args": {"size": 64}},
+    s = {"model": {"name": "examples/your_code_gpt.py:gpt", "args": {"n_layer": 1, "n_embd": 16}},
+         "data": {"name": "examples/your_code_gpt.py:next_tokens", "args": {"size": 64}},
          "loss": "model", "optimizer": {"name": "adamw", "args": {"lr": 0.01}}, "seed": 0}
     t = trainer(s)
     losses = train(t, 20)
@@ -92,7 +92,7 @@ def test_a_model_returning_logits_and_loss_trains_on_its_one_scalar_and_says_whi
         "element 1, its one scalar tensor, is the loss")
     x, y = t.loader.dataset[0]
     logits, loss = t.model(x[None], y[None])
-    assert float(t.compute_loss(t.forward, (x[None], y[None])).detach()) == pytest.approx(float(loss))
+    assert float(t.compute_loss(t.forward, (x[None], y[None])).detach()) == pytest.approx(float(loss.detach()))
 
 
 @pytest.mark.parametrize(
