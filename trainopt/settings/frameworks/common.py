@@ -88,10 +88,10 @@ def measured_optimizer(record: SettingsRecord) -> dict[str, Any] | None:
     return dict(found) if found else None
 
 
-def optimizer_text(optimizer: dict[str, Any], record: SettingsRecord, params: str = "params") -> str:
+def optimizer_text(optimizer: dict[str, Any], settings: Any, params: str = "params") -> str:
     """The measured optimizer as one call, kernels included: ``torch.optim.SGD(params, lr=0.1, foreach=True)``."""
     name = optimizer.get("name")
     call = name if optimizer.get("source", "spec") == "spec" and name and ":" in name else optimizer.get("class") or name
-    kwargs = {**(optimizer.get("args") or {}), **apply.optimizer_kwargs(record.settings["optimizer_impl"])}
+    kwargs = {**(optimizer.get("args") or {}), **apply.optimizer_kwargs(settings["optimizer_impl"])}
     text = "".join(f", {k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in kwargs.items())
     return f"{call}({params}{text})"

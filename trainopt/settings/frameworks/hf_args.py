@@ -191,7 +191,7 @@ def _optimizer(record: SettingsRecord, device_type: str) -> tuple[list[Argument]
                                    "adamw_torch runs a per-parameter loop on a CPU",
                                    f"pass optimizer_cls_and_kwargs=(torch.optim.AdamW, {kwargs}) to Trainer"))
         return args, out
-    built = optimizer_text(measured, record)
+    built = optimizer_text(measured, record.settings)
     lr = (measured.get("args") or {}).get("lr")
     if isinstance(lr, (int, float)) and not isinstance(lr, bool):
         args.append(Argument("learning_rate", lr, ("code.optimizer",),

@@ -174,7 +174,7 @@ def _module(record: SettingsRecord) -> list[Unexpressed]:
     out = []
     measured = measured_optimizer(record)
     if measured is not None:
-        built = optimizer_text(measured, record, "self.parameters()")
+        built = optimizer_text(measured, record.settings, "self.parameters()")
         if measured.get("source") == "configure_optimizers":
             reason, instead = ("the optimizer is built in your configure_optimizers(), and it built this one in the "
                                "trials", f"keep configure_optimizers() returning {built}")
