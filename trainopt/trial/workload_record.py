@@ -45,15 +45,19 @@ def optimizer_arguments(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The keyword arguments that rebuild ``optimizer``: its hyperparameters that differ from its class's defaults.
 
     The learning rate is always kept. Kernel choices (``IMPL_KEYS``) are the
-    ``optimizer_impl`` knob's, so they are left out.
+    ``optimizer_impl`` knob's, so they are left out, as are entries the constructor does not
+    take (AdamW records ``decoupled_weight_decay`` in its defaults but has no such argument).
     """
     try:
-        params = inspect.signature(type(optimizer)).parameters
+        params = dict(inspect.signature(type(optimizer)).parameters)
     except (TypeError, ValueError):
         params = {}
+    open_ended = not params or any(p.kind is p.VAR_KEYWORD for p in params.values())
     out: dict[str, Any] = {}
     for key, value in optimizer.defaults.items():
         if key in IMPL_KEYS or not isinstance(value, (int, float, bool, tuple, list, torch.Tensor, str, type(None))):
+            continue
+        if key not in params and not open_ended:
             continue
         value = _plain(value)
         default = params[key].default if key in params else inspect.Parameter.empty
