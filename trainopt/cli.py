@@ -101,6 +101,8 @@ def cmd_measure(args) -> int:
         print(json.dumps(summary.measure_json(result, spec_costs), indent=1))
     else:
         print(summary.measure_summary(result, spec.name, spec_costs))
+        if result.loss_note:
+            print(result.loss_note)
         print(f"saved: {out / 'result.json'}")
     return EXIT_OK if result.ok else EXIT_FAILED
 

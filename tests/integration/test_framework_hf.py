@@ -108,6 +108,46 @@ def test_training_arguments_from_settings_train_as_measured(tmp_path, case):
     assert args.dataloader_drop_last == (v["compile"] != "off")
 
 
+OPTIMIZERS = {
+    "AdamW with its hyperparameters": {"source": "spec", "name": "adamw", "class": "torch.optim.AdamW",
+                                       "args": {"lr": 1e-3, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.05}},
+    "AdamW at torch's defaults": {"source": "spec", "name": "adamw", "class": "torch.optim.AdamW", "args": {"lr": 2e-3}},
+    "SGD with momentum": {"source": "spec", "name": "sgd", "class": "torch.optim.SGD",
+                          "args": {"lr": 0.05, "momentum": 0.9}},
+}
+ADAMW_DEFAULTS = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 1e-2}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIMIZERS))
+def test_the_trainer_trains_with_the_measured_optimizer_and_learning_rate(tmp_path, case):
+    measured = OPTIMIZERS[case]
+    code = {"collate": None, "loss": "model", "step": None, "form": "model", "optimizer": measured}
+    s = load_settings(write_best(tmp_path / "best.yaml", {"batch_size": 4}, code=code), warn=False)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, report_to="none",
+                                          save_strategy="no", disable_tqdm=True, **s.trainer_kwargs("hf"))
+    model = tiny_model()
+    told = {u.setting: u for u in s.unexpressed("hf")}
+    extra = {}
+    if "code.optimizer" in told:
+        # What the unexpressed record says to do: the measured optimizer, built by the settings.
+        assert "optimizer_cls_and_kwargs=(torch.optim.SGD, {'lr': 0.05, 'momentum': 0.9})" in told["code.optimizer"].instead
+        extra["optimizer_cls_and_kwargs"] = (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, **s.optimizer_kwargs()})
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=TokenData(), **extra)
+    trainer.train()
+    optimizer = trainer.optimizer.optimizer
+    assert trainer.state.global_step == 3
+    assert f"torch.optim.{type(optimizer).__name__}" == measured["class"]
+    expected = {**(ADAMW_DEFAULTS if measured["class"] == "torch.optim.AdamW" else {}), **measured["args"]}
+    group = optimizer.param_groups[0]
+    # The learning rate the optimizer was built with (the Trainer's schedule moves group["lr"] from it).
+    assert group["initial_lr"] == expected["lr"]
+    for key, value in expected.items():
+        if key != "lr":
+            assert (list(group[key]) if isinstance(group[key], tuple) else group[key]) == value, key
+    # No clipping was measured; the Trainer's own default clips at 1.0.
+    assert args.max_grad_norm == 0.0
+
+
 DDP_SCRIPT = """
 import json, sys, warnings
 import transformers

@@ -29,7 +29,8 @@ torch = pytest.importorskip("torch")
 ENV_CPU = {"device_type": "cpu", "device_name": "test CPU", "torch": str(torch.__version__)}
 
 
-def write_best(path: Path, settings: dict, device: str = "cpu", distributed: dict | None = None) -> Path:
+def write_best(path: Path, settings: dict, device: str = "cpu", distributed: dict | None = None,
+               code: dict | None = None) -> Path:
     """A best.yaml as a search writes it: the changed knobs listed as kept, the CPU fingerprint recorded."""
     doc = {"schema_version": 1, "kind": "trainopt-settings", "device": device, "settings": settings,
            "provenance": {"kept": [{"knob": k, "from": KNOBS[k].default, "to": v} for k, v in settings.items()
@@ -37,6 +38,8 @@ def write_best(path: Path, settings: dict, device: str = "cpu", distributed: dic
                           "env": dict(ENV_CPU)}}
     if distributed:
         doc["distributed"] = distributed
+    if code:
+        doc["code"] = code
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -126,6 +129,46 @@ def test_compiling_the_lightning_module_itself_fails_at_self_log(tmp_path):
                         enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(Exception, match="'method' object has no attribute '__dict__'"):
         trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(tiny_dataset(), batch_size=8))
+
+
+class MeasuredOptimizer(TinyModule):
+    """A module whose configure_optimizers() returns what the export says: the measured optimizer."""
+
+    def configure_optimizers(self):
+        return self.s.build_optimizer(self.parameters())
+
+
+OPTIMIZERS = {
+    "spec AdamW": {"source": "spec", "name": "adamw", "class": "torch.optim.AdamW",
+                   "args": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+    "configure_optimizers SGD": {"source": "configure_optimizers", "name": None, "class": "torch.optim.SGD",
+                                 "args": {"lr": 0.02, "momentum": 0.9, "nesterov": True}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIMIZERS))
+def test_configure_optimizers_returns_the_measured_optimizer_the_export_names(tmp_path, case):
+    measured = OPTIMIZERS[case]
+    code = {"collate": None, "step": None, "form": "lightning", "optimizer": measured, "data_batch_size": 4}
+    s = load_settings(write_best(tmp_path / "best.yaml", {"optimizer_impl": "foreach", "batch_size": 8}, code=code),
+                      warn=False)
+    told = {u.setting: u for u in s.unexpressed("lightning")}
+    built = f"{measured['class']}(self.parameters(), "
+    assert told["code.optimizer"].value.startswith(built) and "foreach=True" in told["code.optimizer"].value
+    assert "code.data_batch_size" in told and "prepare_data()" in told["code.data_batch_size"].instead
+    assert "batch_size=8" in told["code.data_batch_size"].instead
+    module = MeasuredOptimizer(s)
+    loader = torch.utils.data.DataLoader(tiny_dataset(), shuffle=True, **s.dataloader_kwargs())
+    trainer = L.Trainer(**s.trainer_kwargs("lightning"), max_steps=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=loader)
+    optimizer = trainer.optimizers[0]
+    assert trainer.global_step == 3 and f"torch.optim.{type(optimizer).__name__}" == measured["class"]
+    group = optimizer.param_groups[0]
+    assert {k: list(group[k]) if isinstance(group[k], tuple) else group[k] for k in measured["args"]} == measured["args"]
+    assert optimizer.defaults["foreach"] is True
+    # Lightning clips no gradients unless told: as measured.
+    assert trainer.gradient_clip_val is None
 
 
 DDP_SCRIPT = """

@@ -115,7 +115,8 @@ def test_a_search_with_loss_model_finishes_and_production_loads_it(tmp_path, cli
     assert doc["complete"] and doc["baseline"]["status"] == "ok"
     assert {d["knob"] for d in doc["decisions"]} >= {"num_workers"}
     best = yaml.safe_load((out / "best.yaml").read_text())
-    assert best["code"] == {"collate": f"{CODE}:pad_collate", "loss": "model", "step": None}
+    assert best["code"] == {"collate": f"{CODE}:pad_collate", "loss": "model", "step": None, "form": "model",
+                            "optimizer": {"source": "spec", "name": "adam", "class": "torch.optim.Adam", "args": {"lr": 0.01}}}
 
     from trainopt import load_settings
 
@@ -129,7 +130,8 @@ def test_a_search_with_loss_model_finishes_and_production_loads_it(tmp_path, cli
     export = subprocess.run([sys.executable, "-m", "trainopt", "export", str(out), "--format", "torch"],
                             capture_output=True, text=True, env=cli_env, timeout=120)
     assert export.returncode == 0, export.stderr
-    assert "loss = model(**batch).loss" in export.stdout and "collate_fn=pad_collate" in export.stdout
+    assert "loss = model_loss(model, batch)" in export.stdout and "collate_fn=pad_collate" in export.stdout
+    assert "optimizer = torch.optim.Adam(model.parameters(), lr=0.01)  # optimizer: adam, as measured" in export.stdout
 
 
 def test_a_candidate_that_cannot_run_is_reported_and_the_search_goes_on(tmp_path, cli_env):

@@ -229,3 +229,22 @@ def test_search_json_with_a_bad_spec_prints_nothing_on_stdout(tmp_path, capfd):
     assert cli.main(["search", str(spec), "--out", str(tmp_path / "out"), "--json"]) == 2
     captured = capfd.readouterr()
     assert captured.out == "" and "search.amp[0]" in captured.err
+
+
+@pytest.mark.parametrize(
+    "parts, message",
+    [
+        ({"model": {"name": "resnet18", "args": {"num_class": 10}}},
+         "trainopt: error: model.args: unknown key(s) 'num_class' for resnet18; allowed: "),
+        ({"model": {"name": "gpt_code.py:build", "args": {"n_layers": 2}}},
+         "trainopt: error: model.args: unknown key(s) 'n_layers' for 'gpt_code.py:build'; allowed: n_layer "),
+    ],
+    ids=["builtin", "user function"],
+)
+def test_validate_rejects_an_argument_the_factory_does_not_take_with_exit_2(tmp_path, capsys, parts, message):
+    (tmp_path / "gpt_code.py").write_text("def build(n_layer=1):\n    raise RuntimeError('never called')\n")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(tiny_spec_dict(**parts)))
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1

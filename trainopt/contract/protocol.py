@@ -28,9 +28,10 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 # The reference check (``trainopt.execute.refcheck`` asks, ``trainopt.trial.refcheck`` answers):
-# request ``{kind, schema_version, source_dir, answer_path, references: [{field, ref}]}``,
+# request ``{kind, schema_version, source_dir, answer_path, references: [{field, ref, builtin,
+# args_field, args, leading}]}``,
 # answer ``{kind, schema_version, problems: [message, ...], tracebacks: bool}``.
-REFCHECK_SCHEMA_VERSION = 1
+REFCHECK_SCHEMA_VERSION = 2
 REFCHECK_REQUEST_KIND = "trainopt-refcheck-request"
 REFCHECK_ANSWER_KIND = "trainopt-refcheck"
 
@@ -161,6 +162,12 @@ class TrialResult:
     # from the first non-finite one, where the run stops), ``order_seed``, and for fp16
     # ``scaler_skipped`` (steps the GradScaler skipped for inf/NaN gradients).
     training: dict[str, Any] | None = None
+    # Where the loss came from when the model or step returned a tuple or list, such as
+    # ``(logits, loss)`` (``trainopt.trial.batches.loss_note``). Optional, likewise.
+    loss_note: str | None = None
+    # What the trial trained (``trainopt.trial.workload_record``): the loss form, the optimizer
+    # it built (source, name, class, args), a LightningModule's own loader batch size. Optional.
+    workload: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ user's own code are left alone by the callers, so their tracebacks reach the tri
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -169,6 +170,18 @@ def resolve_reference(
     return obj
 
 
+def _hint(unknown: list[str], keywords: list[str]) -> str:
+    """A near miss (``did you mean 'n_layer'?``), or how to pass arguments to a model built from a config object."""
+    close = {k: difflib.get_close_matches(k, keywords, n=1, cutoff=0.75) for k in unknown}
+    near = [f"{k!r} -> {m[0]!r}" for k, m in close.items() if m]
+    if near:
+        return f" (did you mean {', '.join(near)}?)"
+    if any("config" in k.lower() for k in keywords):
+        return (" (it takes a config object: name a factory that builds the config from these arguments "
+                "and returns the model, as docs/your-code.md shows)")
+    return ""
+
+
 def check_kwargs(
     factory: Callable[..., Any], args: Mapping[str, Any], field: str, label: str, leading: int = 0
 ) -> None:
@@ -210,7 +223,7 @@ def check_kwargs(
         if unknown:
             allowed = ", ".join(keywords) if keywords else "none"
             names = ", ".join(repr(k) for k in unknown)
-            raise WorkloadError(f"{field}: unknown key(s) {names} for {label}; allowed: {allowed}")
+            raise WorkloadError(f"{field}: unknown key(s) {names} for {label}; allowed: {allowed}{_hint(unknown, keywords)}")
     missing = [
         p.name
         for p in params

@@ -39,6 +39,8 @@ __all__ = [
     "BUILTIN_DATA",
     "BUILTIN_LOSSES",
     "BUILTIN_OPTIMIZERS",
+    "BUILTIN_OPTIMIZER_CLASSES",
+    "LOSS_FORMS",
     "DEFAULT_LOSS",
     "DEFAULT_OPTIMIZER",
     "MODEL_LOSS",
@@ -48,6 +50,11 @@ BUILTIN_MODELS = ("resnet18", "resnet50", "mlp", "gpt")
 BUILTIN_DATA = ("synthetic-images", "synthetic-tokens", "synthetic-tabular")
 BUILTIN_LOSSES = ("cross_entropy", "mse")
 BUILTIN_OPTIMIZERS = ("sgd", "adam", "adamw")
+# The class each built-in optimizer name builds (the trial's table and the exports read this).
+BUILTIN_OPTIMIZER_CLASSES = {"sgd": "torch.optim.SGD", "adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW"}
+# How a batch becomes the loss (``trainopt.trial.batches``): (input, target) pairs and a named
+# loss, ``loss: model``, ``step:``, a LightningModule's training_step.
+LOSS_FORMS = ("pair", "model", "step", "lightning")
 # ``loss: model``: the model computes its own loss from the whole batch.
 MODEL_LOSS = "model"
 DEFAULT_LOSS = "cross_entropy"

@@ -43,14 +43,46 @@ def _recommended_changes(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return kept  # final-check, or a results file written before ``source`` existed
 
 
-def _code_section(spec_resolved: dict[str, Any]) -> dict[str, Any] | None:
-    """best.yaml's ``code:``: the spec's collate, loss and step, when it uses any beyond pairs and a named loss."""
+def _spec_optimizer(spec_resolved: dict[str, Any]) -> dict[str, Any] | None:
+    """The spec's optimizer as best.yaml records it, when no trial recorded the one it built."""
+    from trainopt.contract.spec import BUILTIN_OPTIMIZER_CLASSES
+
+    section = spec_resolved.get("optimizer")
+    if not isinstance(section, dict) or not section.get("name"):
+        return None
+    name = section["name"]
+    args = {k: v for k, v in (section.get("args") or {}).items() if k not in ("foreach", "fused")}
+    return {"source": "spec", "name": name, "class": BUILTIN_OPTIMIZER_CLASSES.get(name), "args": args}
+
+
+def _code_section(spec_resolved: dict[str, Any], workload: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """best.yaml's ``code:``: the training code the settings were measured with.
+
+    The spec's collate, loss (none beside a ``step`` or a LightningModule's
+    ``training_step``, which compute it) and step; from the baseline trial's record
+    (``workload``, see ``trainopt.trial.workload_record``) the loss form, the optimizer it
+    built and a LightningModule's own loader batch size; without that record, the spec's
+    optimizer. None when there is nothing beyond pairs, a named loss and no optimizer.
+    """
     collate = (spec_resolved.get("data") or {}).get("collate")
     loss = spec_resolved.get("loss", "cross_entropy")
     step = spec_resolved.get("step")
-    if collate is None and step is None and loss != "model":
+    record = workload if isinstance(workload, dict) else {}
+    form = record.get("form")
+    optimizer = record.get("optimizer") or _spec_optimizer(spec_resolved)
+    if collate is None and step is None and loss != "model" and optimizer is None and form in (None, "pair"):
         return None
-    return {"collate": collate, "loss": loss, "step": step}
+    code: dict[str, Any] = {"collate": collate}
+    if step is None and form != "lightning":
+        code["loss"] = loss
+    code["step"] = step
+    if form is not None:
+        code["form"] = form
+    if optimizer is not None:
+        code["optimizer"] = optimizer
+    if record.get("data_batch_size") is not None:
+        code["data_batch_size"] = record["data_batch_size"]
+    return code
 
 
 def _training_provenance(check: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -65,11 +97,11 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
     """The ``best.yaml`` content: the recommended settings plus where and how they were measured.
 
     A ``code:`` section names the training code the settings were measured with (the spec's
-    ``data.collate``, ``loss`` and ``step``) when the spec uses ``data.collate``, ``loss: model``
-    or ``step``, so ``load_settings`` can hand the loader its ``collate_fn`` and the export can
-    write the loop the trials ran.
+    ``data.collate``, ``loss`` and ``step``, the loss form and the optimizer the baseline trial
+    built), so ``load_settings`` can hand the loader its ``collate_fn`` and the export can
+    write the loop and the optimizer the trials ran.
     """
-    code = _code_section(spec_resolved)
+    code = _code_section(spec_resolved, (doc.get("baseline") or {}).get("workload"))
     final = doc.get("final") or {}
     best = doc["best"]
     baseline = doc.get("baseline") or {}
@@ -82,7 +114,7 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
         "settings": best["settings"],
         # Only for data-parallel searches, so single-process best.yaml files stay as they were.
         **({"distributed": spec_resolved["distributed"]} if spec_resolved.get("distributed") else {}),
-        # Only for specs with their own collate, loss: model or step, likewise.
+        # Only when there is code to name (see _code_section).
         **({"code": code} if code else {}),
         "provenance": {
             "search": doc["name"],

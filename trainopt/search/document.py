@@ -26,7 +26,9 @@ Schema (``schema_version`` 1)::
                 or null      # the spec's run_costs at the baseline's step time
                              # (trainopt/decide/run_costs.py); null without a measurement
     search_order: [knob, ...]
-    baseline: {settings, samples_per_s, step_time_s, data_wait_fraction, peak_memory_bytes}
+    baseline: {settings, samples_per_s, step_time_s, data_wait_fraction, peak_memory_bytes, workload}
+                                 # workload: what the baseline trial trained (the loss form, the
+                                 # optimizer it built), or null (trainopt/trial/workload_record.py)
     best: {settings, samples_per_s, source, reason, n_pairs}
                                  # the recommended settings: source is final-check,
                                  # first-kept-change or baseline (see trainopt/decide/recommendation.py)
@@ -175,6 +177,7 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
             "data_wait_fraction": base.data_wait_fraction,
             "peak_memory_bytes": base.peak_memory_bytes,
             "error": base.error,
+            "workload": base.workload,
         },
         "best": {
             "settings": rec.settings,

@@ -150,7 +150,9 @@ class TrainSettings:
     @property
     def code(self) -> Mapping[str, Any] | None:
         """The training code the settings were measured with: ``collate``, ``loss``, ``step`` (each as
-        the spec wrote it), or None for ``(input, target)`` pairs with PyTorch's default collate."""
+        the spec wrote it; no ``loss`` beside a step or a LightningModule's training_step), and when
+        recorded the loss ``form``, the ``optimizer`` (``source``, ``name``, ``class``, ``args``) and
+        ``data_batch_size``; None for settings that name no code."""
         return self._record.code
 
     @property
@@ -327,6 +329,40 @@ class TrainSettings:
         from trainopt.knobs.kwargs import optimizer_kwargs
 
         return optimizer_kwargs(self.settings["optimizer_impl"])
+
+    def build_optimizer(self, params: Any):
+        """The optimizer the settings were measured with, over ``params``, with the measured kernels.
+
+        From best.yaml's ``code.optimizer``: the spec's optimizer factory with its arguments,
+        or the class and arguments the trials built (the spec's, trainopt's default, or a
+        LightningModule's ``configure_optimizers()``), plus ``optimizer_kwargs()``. Use it in
+        your own loop, in ``configure_optimizers()``, or as a Hugging Face Trainer's optimizer.
+
+        Raises:
+            SettingsError: best.yaml names no optimizer, or it cannot be imported.
+        """
+        import importlib
+
+        from trainopt.contract.reference import WorkloadError, resolve_reference
+
+        record = (self.code or {}).get("optimizer")
+        if not record:
+            raise SettingsError(["code.optimizer: missing; this best.yaml names no optimizer, so build your own "
+                                 "with **s.optimizer_kwargs()"], self.source)
+        name, cls = record.get("name"), record.get("class")
+        try:
+            if record.get("source", "spec") == "spec" and name and ":" in name:
+                factory = resolve_reference(name, Path(os.getcwd()), field="code.optimizer.name",
+                                            base="the current working directory")
+            else:
+                module, _, attr = str(cls).rpartition(".")
+                factory = getattr(importlib.import_module(module), attr)
+        except WorkloadError as exc:
+            raise SettingsError([str(exc)], self.source) from None
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise SettingsError([f"code.optimizer.class: {cls!r} cannot be imported ({exc})"], self.source) from None
+        args = {k: tuple(v) if isinstance(v, list) else v for k, v in (record.get("args") or {}).items()}
+        return factory(params, **args, **self.optimizer_kwargs())
 
     # ---- a framework's own trainer (trainopt.settings.frameworks) ----------------------------
 

@@ -2,9 +2,10 @@
 
 ``best.yaml`` is written by ``trainopt search`` or by hand; a hand-written file needs only
 a ``settings:`` mapping (knobs left out take their defaults) and optionally ``device:``.
-A ``code:`` section names the user's training code the settings were measured with (the
-spec's ``data.collate``, ``loss`` and ``step``), written only when the spec uses
-``data.collate``, ``loss: model`` or ``step``.
+A ``code:`` section names the training code the settings were measured with: the spec's
+``data.collate``, ``loss`` and ``step``, the loss ``form``, the ``optimizer`` the trials built
+(``source``, ``name``, ``class``, ``args``) and a LightningModule's own loader batch size
+(``data_batch_size``).
 ``SettingsRecord`` is the validated plain data (device, every knob, provenance, code);
 ``read_settings_file`` turns a file into YAML data and ``record_from_document`` that data
 into a record, with errors naming the dotted field. Nothing here imports torch.
@@ -50,8 +51,11 @@ SETTINGS_SCHEMA_VERSION = 1
 SETTINGS_KIND = "trainopt-settings"
 TOP_LEVEL_KEYS = ("schema_version", "kind", "device", "settings", "distributed", "code", "provenance")
 DISTRIBUTED_KEYS = ("nproc_per_node", "backend")
-# The ``code:`` section: the spec's data.collate, loss and step, as written there.
-CODE_KEYS = ("collate", "loss", "step")
+# The ``code:`` section: the spec's data.collate, loss and step, as written there; the loss form,
+# the optimizer the baseline trial built, a LightningModule's own loader batch size.
+CODE_KEYS = ("collate", "loss", "step", "form", "optimizer", "data_batch_size")
+OPTIMIZER_KEYS = ("source", "name", "class", "args")
+OPTIMIZER_SOURCES = ("spec", "default", "configure_optimizers")
 
 
 class SettingsError(UserError):
@@ -103,7 +107,7 @@ def _check_code(block: Any) -> list[str]:
     if block is None:
         return []
     # Here, not at the top: the spec module loads pydantic, which ``import trainopt`` need not.
-    from trainopt.contract.spec import BUILTIN_LOSSES, DEFAULT_LOSS, MODEL_LOSS
+    from trainopt.contract.spec import BUILTIN_LOSSES, DEFAULT_LOSS, LOSS_FORMS, MODEL_LOSS
 
     if not isinstance(block, Mapping):
         return [f"code: expected a mapping like {{collate: 'mypkg.data:pad', loss: model}}, got {type(block).__name__}"]
@@ -122,6 +126,38 @@ def _check_code(block: Any) -> list[str]:
         problems.append(f"code.loss: got {loss!r}; use one of {', '.join(losses)} or a 'module:callable' reference")
     elif block.get("step") is not None and loss != DEFAULT_LOSS:
         problems.append(f"code.loss: got {loss!r}, but code.step computes the loss itself; remove one of them")
+    form = block.get("form")
+    if form is not None and form not in LOSS_FORMS:
+        problems.append(f"code.form: got {form!r}; use one of {', '.join(LOSS_FORMS)}")
+    size = block.get("data_batch_size")
+    if size is not None and (type(size) is not int or size < 1):
+        problems.append(f"code.data_batch_size: got {size!r}; use a positive integer or leave it out")
+    return problems + _check_optimizer(block.get("optimizer"))
+
+
+def _check_optimizer(block: Any) -> list[str]:
+    """Problems with ``code.optimizer`` (``source``, ``name``, ``class``, ``args``)."""
+    if block is None:
+        return []
+    if not isinstance(block, Mapping):
+        return [f"code.optimizer: expected a mapping like {{class: torch.optim.AdamW, args: {{lr: 0.001}}}}, "
+                f"got {type(block).__name__}"]
+    problems = [
+        f"code.optimizer.{key}: unknown key{_did_you_mean(str(key), OPTIMIZER_KEYS)}; allowed: {', '.join(OPTIMIZER_KEYS)}"
+        for key in block
+        if key not in OPTIMIZER_KEYS
+    ]
+    if block.get("source", "spec") not in OPTIMIZER_SOURCES:
+        problems.append(f"code.optimizer.source: got {block.get('source')!r}; use one of {', '.join(OPTIMIZER_SOURCES)}")
+    name, cls = block.get("name"), block.get("class")
+    if name is not None and not isinstance(name, str):
+        problems.append(f"code.optimizer.name: got {name!r}; use a built-in optimizer name or a 'module:callable' reference")
+    if cls is not None and not (isinstance(cls, str) and all(p.isidentifier() for p in cls.split("."))):
+        problems.append(f"code.optimizer.class: got {cls!r}; use a dotted class path such as torch.optim.AdamW")
+    if name is None and cls is None:
+        problems.append("code.optimizer: needs name or class; name the optimizer the settings were measured with")
+    if not isinstance(block.get("args", {}), Mapping):
+        problems.append(f"code.optimizer.args: got {block.get('args')!r}; use a mapping of keyword arguments")
     return problems
 
 
@@ -130,7 +166,19 @@ def _code_block(block: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         return None
     from trainopt.contract.spec import DEFAULT_LOSS
 
-    return MappingProxyType({"collate": block.get("collate"), "loss": block.get("loss", DEFAULT_LOSS), "step": block.get("step")})
+    code: dict[str, Any] = {"collate": block.get("collate")}
+    if block.get("step") is None and block.get("form") != "lightning":
+        # A step or a training_step computes the loss: no loss beside them.
+        code["loss"] = block.get("loss", DEFAULT_LOSS)
+    code["step"] = block.get("step")
+    for key in ("form", "data_batch_size"):
+        if block.get(key) is not None:
+            code[key] = block[key]
+    if block.get("optimizer") is not None:
+        optimizer = dict(block["optimizer"])
+        code["optimizer"] = {"source": optimizer.get("source", "spec"), "name": optimizer.get("name"),
+                             "class": optimizer.get("class"), "args": dict(optimizer.get("args") or {})}
+    return MappingProxyType(code)
 
 
 def _check_fields(

@@ -7,6 +7,8 @@ nested at will. Three forms turn a batch into the loss that trainopt backpropaga
 * ``pair``: ``(input, target)`` and a named loss, ``loss_fn(model(input), target)``;
 * ``model`` (``loss: model``): the model computes its own loss; a Mapping batch is called as
   ``model(**batch)``, a tuple or list as ``model(*batch)``, anything else as ``model(batch)``;
+  an output such as ``(logits, loss)`` gives its one scalar tensor, and ``note`` on the
+  computing function says which element that was;
 * ``step`` (``step: "module:callable"``): ``step(model, batch)``, the user's forward and loss;
 * ``lightning``: a LightningModule's ``training_step(batch, batch_idx)``
   (``trainopt.trial.lightning_step``).
@@ -29,6 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from trainopt.contract.reference import WorkloadError
+from trainopt.contract.spec import LOSS_FORMS
 
 __all__ = [
     "LOSS_FORMS",
@@ -37,14 +40,16 @@ __all__ = [
     "describe",
     "has_image_tensor",
     "loss_computer",
+    "loss_element",
+    "loss_note",
     "move",
     "read_loss",
     "tensors",
 ]
 
-LOSS_FORMS = ("pair", "model", "step", "lightning")
 # What a loss may be, for the messages that say what to return.
-_LOSS_SHAPES = "a scalar tensor, an object with .loss, a dict with 'loss' or a dict of scalar losses"
+_LOSS_SHAPES = ("a scalar tensor, an object with .loss, a dict with 'loss', a dict of scalar losses, "
+                "or a tuple or list with one scalar tensor among its elements, such as (logits, loss)")
 
 
 def move(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
@@ -232,7 +237,8 @@ def read_loss(output: Any, field: str, what: str, fix: str) -> torch.Tensor:
     """The loss in what a model or a step returned.
 
     The output itself when it is a scalar tensor; else its ``["loss"]`` or its ``.loss``;
-    else the sum of a dict of scalar losses (torchvision's detection models).
+    else the sum of a dict of scalar losses (torchvision's detection models); else, for a
+    tuple or list, its one scalar tensor (``(logits, loss)``; ``loss_element``).
 
     Args:
         output: What the model or the step returned.
@@ -254,7 +260,38 @@ def read_loss(output: Any, field: str, what: str, fix: str) -> torch.Tensor:
         raise WorkloadError(f"{field}: the loss in {what} is {describe(loss)}, not a scalar tensor; {fix}")
     if isinstance(output, Mapping) and output and all(_scalar(v) for v in output.values()):
         return sum(output.values())
+    index = loss_element(output)
+    if index is not None:
+        return output[index]
+    if isinstance(output, (tuple, list)):
+        several = [i for i, v in enumerate(output) if _scalar(v)]
+        if several:
+            raise WorkloadError(
+                f"{field}: {what} ({describe(output)}) holds {len(several)} scalar tensors (elements "
+                f"{', '.join(map(str, several))}), so which is the loss is ambiguous; {fix}"
+            )
     raise WorkloadError(f"{field}: {what} ({describe(output)}) carries no loss; {fix}")
+
+
+def loss_element(output: Any) -> int | None:
+    """The index of the loss in a tuple or list output, such as ``(logits, loss)``.
+
+    Only when exactly one element is a scalar tensor: with two or more, which one is the
+    loss is a guess trainopt does not make.
+    """
+    if not isinstance(output, (tuple, list)) or hasattr(output, "loss"):
+        return None
+    scalars = [i for i, value in enumerate(output) if _scalar(value)]
+    return scalars[0] if len(scalars) == 1 else None
+
+
+def loss_note(output: Any, field: str, what: str) -> str | None:
+    """The line that says which element of a tuple or list output was read as the loss, or None."""
+    index = loss_element(output)
+    if index is None:
+        return None
+    parts = ", ".join("a scalar tensor" if i == index else describe(v) for i, v in enumerate(output))
+    return f"{field}: {what} is a {type(output).__name__} ({parts}); element {index}, its one scalar tensor, is the loss"
 
 
 def loss_computer(
@@ -307,8 +344,12 @@ def loss_computer(
         )
 
         def model_loss(forward: Any, batch: Any) -> torch.Tensor:
-            return read_loss(call_model(forward, batch), "loss 'model'", "the model's output", fix)
+            output = call_model(forward, batch)
+            if model_loss.note is None:
+                model_loss.note = loss_note(output, "loss 'model'", "the model's output")
+            return read_loss(output, "loss 'model'", "the model's output", fix)
 
+        model_loss.note = None  # type: ignore[attr-defined]
         return model_loss
     if form in ("step", "lightning"):
         if step_fn is None:
@@ -321,8 +362,12 @@ def loss_computer(
             fix = f"return the loss from training_step(batch, batch_idx): {_LOSS_SHAPES}"
 
         def step_loss(forward: Any, batch: Any) -> torch.Tensor:
-            return read_loss(step_fn(forward, batch), field, "what it returned", fix)
+            output = step_fn(forward, batch)
+            if step_loss.note is None:
+                step_loss.note = loss_note(output, field, "what it returned")
+            return read_loss(output, field, "what it returned", fix)
 
+        step_loss.note = None  # type: ignore[attr-defined]
         return step_loss
     raise ValueError(f"unknown loss form {form!r}; expected one of {', '.join(LOSS_FORMS)}")
 

@@ -155,6 +155,7 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
         probe_memory,
     )
     from trainopt.trial.probe_items import largest_items
+    from trainopt.trial.workload_record import workload_record
     from trainopt.trial.workloads import build_workload
 
     settings = dict(request.settings)
@@ -233,6 +234,7 @@ def run_rank(request: TrialRequest, rank: int, world: int, local_rank: int) -> t
                 per_rank = [{"rank": g["rank"], "peak_memory_bytes": g["peak_memory_bytes"]} for g in gathered]
             fill_result(result, m, trainer.dataset_len)
             result.per_rank = per_rank
+            result.workload = workload_record(workload.loss_form, spec, trainer.optimizer, workload.fields)
         else:
             result.status = "ok"
         return result, False

@@ -81,13 +81,22 @@ def silence_log(module: Any) -> None:
     module.log_dict = _no_log
 
 
+def _base_defaults() -> set[type]:
+    """The classes whose hooks are Lightning's defaults: ``LightningModule`` and the classes it is built from."""
+    return {base for cls in _lightning_class("LightningModule") for base in cls.__mro__}
+
+
 def _overrides(module: Any, name: str) -> bool:
-    """Whether the module's class defines ``name`` itself rather than inheriting Lightning's default."""
+    """Whether some class of the module's hierarchy defines ``name``, other than the LightningModule base.
+
+    Lightning's own modules (``lightning.pytorch.demos``' ``BoringModel``, a model
+    shipped in a package built on Lightning) define their hooks as the user's do; only the
+    base's placeholders (which warn or raise) do not count.
+    """
+    defaults = _base_defaults()
     for cls in type(module).__mro__:
-        if cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
-            return False
         if name in vars(cls):
-            return True
+            return cls not in defaults
     return False
 
 
@@ -306,8 +315,10 @@ def training_step_loss(driver: SchedulerDriver | None) -> Callable[[Any, Any], A
 # ---- data ------------------------------------------------------------------------------------
 
 
-def loader_parts(source: Any, field_name: str) -> tuple[Any, Any]:
-    """The data set and collate function of ``source.train_dataloader()`` (a module or a data module).
+def loader_parts(source: Any, field_name: str) -> tuple[Any, Any, int | None]:
+    """The data set, collate function and batch size of ``source.train_dataloader()`` (a module or a data module).
+
+    The batch size is the one the loader asked for; trainopt's ``batch_size`` knob replaces it.
 
     Raises:
         WorkloadError: No train_dataloader, or one that is not a DataLoader over a map-style data set.
@@ -335,4 +346,4 @@ def loader_parts(source: Any, field_name: str) -> tuple[Any, Any]:
     collate = loader.collate_fn
     if collate is torch.utils.data.default_collate:
         collate = None
-    return dataset, collate
+    return dataset, collate, loader.batch_size

@@ -1,8 +1,10 @@
-"""The child side of the reference check: ``python -m trainopt.trial.refcheck REQUEST.json``.
+"""The child side of the factory check: ``python -m trainopt.trial.refcheck REQUEST.json``.
 
 Resolves every ``module:callable`` reference of the request in this process (running the
-user's import-time code here, not in the orchestrator) and writes one versioned answer with
-one problem per bad reference. The orchestrator's side is ``trainopt.execute.refcheck``.
+user's import-time code here, not in the orchestrator), binds every factory's arguments to
+its signature as the trial will (``reference.check_kwargs``, built-in factories included),
+and writes one versioned answer with one problem per bad factory. The orchestrator's side is
+``trainopt.execute.refcheck``.
 """
 
 from __future__ import annotations
@@ -19,18 +21,42 @@ from trainopt.contract.protocol import (
     REFCHECK_REQUEST_KIND,
     REFCHECK_SCHEMA_VERSION,
 )
-from trainopt.contract.reference import WorkloadError, resolve_reference
+from trainopt.contract.reference import WorkloadError, check_kwargs, resolve_reference
 
 __all__ = ["answer", "main"]
 
 
+def _builtin(kind: str, name: str) -> Any:
+    """The built-in factory the trial calls for ``name``: a model, a data set class or an optimizer class."""
+    if kind == "model":
+        from trainopt.trial.workloads.models import BUILTIN_MODELS
+
+        return BUILTIN_MODELS[name]
+    if kind == "data":
+        from trainopt.trial.workloads.data import BUILTIN_DATA
+
+        return BUILTIN_DATA[name]
+    from trainopt.trial.workloads import BUILTIN_OPTIMIZERS
+
+    return BUILTIN_OPTIMIZERS[name]
+
+
+def _check(item: dict[str, Any], source_dir: Path) -> None:
+    if item.get("builtin"):
+        factory, label = _builtin(item["builtin"], item["ref"]), item["ref"]
+    else:
+        factory, label = resolve_reference(item["ref"], source_dir, field=item["field"]), repr(item["ref"])
+    if item.get("args_field"):
+        check_kwargs(factory, item.get("args") or {}, item["args_field"], label, leading=int(item.get("leading", 0)))
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    """Resolve every reference of a request in this process: the child's side."""
+    """Resolve every reference and bind every factory's arguments in this process: the child's side."""
     problems = []
     tracebacks = False
     for item in request["references"]:
         try:
-            resolve_reference(item["ref"], Path(request["source_dir"]), field=item["field"])
+            _check(item, Path(request["source_dir"]))
         except WorkloadError as exc:
             problems.append(str(exc))
             if exc.__cause__ is not None:

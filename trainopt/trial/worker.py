@@ -91,6 +91,7 @@ def execute(request: TrialRequest) -> TrialResult:
         probe_memory,
     )
     from trainopt.trial.probe_items import largest_items
+    from trainopt.trial.workload_record import workload_record
     from trainopt.trial.workloads import build_workload
 
     settings = dict(request.settings)
@@ -134,6 +135,10 @@ def execute(request: TrialRequest) -> TrialResult:
                 trainer, cfg["warmup_steps"], cfg["warmup_seconds"], cfg["window_seconds"], cfg["windows"]
             )
         fill_result(result, m, dataset_len)
+        result.workload = workload_record(workload.loss_form, request.spec, trainer.optimizer, workload.fields)
+        result.loss_note = getattr(trainer.compute_loss, "note", None)
+        if result.loss_note:
+            print(result.loss_note, file=sys.stderr)  # the trial log says it too
         if request.diagnose and request.mode == "measure":
             _diagnose(result, request, trainer, m.window_steps)
     except NonFiniteLoss as exc:

@@ -36,8 +36,8 @@ def _restore(monkeypatch):
     torch.set_num_threads(threads)
 
 
-FILES = ("your_code_pairs.yaml", "your_code_text.yaml", "your_code_hf.yaml", "your_code_scenes.yaml",
-         "your_code_lightning.yaml")
+FILES = ("your_code_pairs.yaml", "your_code_text.yaml", "your_code_hf.yaml", "your_code_gpt.yaml",
+         "your_code_scenes.yaml", "your_code_lightning.yaml")
 
 
 def test_the_page_shows_each_form_as_the_example_files_hold_it():
@@ -46,11 +46,13 @@ def test_the_page_shows_each_form_as_the_example_files_hold_it():
     for spec, name in zip(specs, FILES):
         assert spec == yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8")), name
         load_spec(EXAMPLES / name)
-    assert [s.get("loss", "cross_entropy") for s in specs] == ["cross_entropy", "model", "model", "cross_entropy",
-                                                               "cross_entropy"]
-    assert specs[1]["data"]["collate"] and specs[2]["data"]["collate"] and specs[3]["step"]
+    assert [s.get("loss", "cross_entropy") for s in specs] == ["cross_entropy", "model", "model", "model",
+                                                               "cross_entropy", "cross_entropy"]
+    assert specs[1]["data"]["collate"] and specs[2]["data"]["collate"] and specs[4]["step"]
+    # The config-object model is built by a factory from flat arguments.
+    assert specs[3]["model"]["name"] == "your_code_gpt.py:gpt"
     # The LightningModule's spec leaves the optimizer and the data to the module.
-    assert "optimizer" not in specs[4] and "data" not in specs[4]
+    assert "optimizer" not in specs[5] and "data" not in specs[5]
 
 
 @pytest.mark.parametrize("index", range(len(FILES)))

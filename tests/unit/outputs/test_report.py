@@ -682,15 +682,29 @@ def test_breakdown_text_is_escaped(tmp_path):
 
 def test_the_report_snippet_writes_the_loop_the_trials_ran(tmp_path):
     # The page's PyTorch snippet comes from the resolved spec beside results.json: a model that
-    # computes its own loss gets ``model(**batch).loss``, pairs and a named loss get the pair loop.
+    # computes its own loss gets ``model_loss(model, batch)``, pairs and a named loss get the pair
+    # loop; the optimizer is the spec's, with its arguments, or what the baseline trial built.
     import yaml
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "spec.resolved.yaml").write_text(yaml.safe_dump({"device": "cpu", "loss": "model", "data": {"name": "x"}}))
-    page = write_report(run, tiny_doc()).read_text()
-    assert "model(**batch).loss" in page.replace("&#34;", '"').replace("&#39;", "'")
+    (run / "spec.resolved.yaml").write_text(yaml.safe_dump(
+        {"device": "cpu", "loss": "model", "data": {"name": "x"},
+         "optimizer": {"name": "adamw", "args": {"lr": 0.0003, "weight_decay": 0.1}}}))
+    page = write_report(run, tiny_doc()).read_text().replace("&#34;", '"').replace("&#39;", "'")
+    assert "loss = model_loss(model, batch)" in page
+    assert "optimizer = torch.optim.AdamW(model.parameters(), lr=0.0003, weight_decay=0.1)" in page
     other = tmp_path / "pairs"
     other.mkdir()
     (other / "spec.resolved.yaml").write_text(yaml.safe_dump({"device": "cpu", "loss": "cross_entropy"}))
-    assert "model(**batch).loss" not in write_report(other, tiny_doc()).read_text()
+    assert "model_loss" not in write_report(other, tiny_doc()).read_text()
+    lightning = tmp_path / "lightning"
+    lightning.mkdir()
+    (lightning / "spec.resolved.yaml").write_text(yaml.safe_dump({"device": "cpu", "loss": "cross_entropy",
+                                                                  "model": {"name": "m:Module", "args": {}}}))
+    doc = tiny_doc()
+    doc["baseline"]["workload"] = {"form": "lightning", "data_batch_size": None, "optimizer": {
+        "source": "configure_optimizers", "name": None, "class": "torch.optim.SGD", "args": {"lr": 0.1, "momentum": 0.9}}}
+    page = write_report(lightning, doc).read_text().replace("&#34;", '"').replace("&#39;", "'")
+    assert "return self.module.training_step(batch, batch_idx)" in page and "loss_fn" not in page
+    assert "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # what configure_optimizers() built" in page

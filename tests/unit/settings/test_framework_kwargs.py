@@ -73,7 +73,8 @@ def test_a_gpu_index_is_a_device_list_in_lightning_and_unexpressed_in_hf():
 def test_default_settings_change_no_framework_default_beyond_what_was_measured():
     r = rec()
     assert kw(r, "lightning") == {"accelerator": "cpu", "devices": 1}
-    assert kw(r, "hf") == {"use_cpu": True, "per_device_train_batch_size": 32, "optim": "adamw_torch"}
+    # No clipping was measured: the Trainer's own clips at 1.0.
+    assert kw(r, "hf") == {"use_cpu": True, "per_device_train_batch_size": 32, "optim": "adamw_torch", "max_grad_norm": 0.0}
 
 
 def test_the_default_sync_every_leaves_the_logging_cadence_alone():

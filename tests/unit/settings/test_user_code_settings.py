@@ -47,9 +47,23 @@ def test_best_yaml_names_the_code_only_when_the_spec_uses_its_own():
     text = best_document(_doc(), _resolved(data={"name": "d", "args": {}, "collate": "m:pad"}, loss="model"))
     assert text["code"] == {"collate": "m:pad", "loss": "model", "step": None}
     stepped = best_document(_doc(), _resolved(step="m:train_step"))
-    assert stepped["code"] == {"collate": None, "loss": "cross_entropy", "step": "m:train_step"}
+    # A step computes the loss: no loss beside it.
+    assert stepped["code"] == {"collate": None, "step": "m:train_step"}
     # The document reads back into settings that carry it.
     assert dict(settings_from_dict(text).code) == text["code"]
+    assert dict(settings_from_dict(stepped).code) == stepped["code"]
+
+
+def test_best_yaml_records_the_optimizer_the_baseline_trial_built_else_the_specs():
+    spec_only = best_document(_doc(), _resolved(optimizer={"name": "adamw", "args": {"lr": 3e-4, "fused": True}}))
+    assert spec_only["code"]["optimizer"] == {"source": "spec", "name": "adamw", "class": "torch.optim.AdamW",
+                                              "args": {"lr": 3e-4}}
+    doc = _doc()
+    built = {"source": "configure_optimizers", "name": None, "class": "torch.optim.SGD", "args": {"lr": 0.1}}
+    doc["baseline"]["workload"] = {"form": "lightning", "optimizer": built, "data_batch_size": 4}
+    lit = best_document(doc, {"device": "cpu", "loss": "cross_entropy", "model": {"name": "m:Module", "args": {}}})
+    assert lit["code"] == {"collate": None, "step": None, "form": "lightning", "optimizer": built, "data_batch_size": 4}
+    assert dict(settings_from_dict(lit).code) == lit["code"]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +74,11 @@ def test_best_yaml_names_the_code_only_when_the_spec_uses_its_own():
         ({"loss": "hinge"}, "code.loss: got 'hinge'; use one of cross_entropy, mse, model"),
         ({"step": "m:s", "loss": "model"}, "code.loss: got 'model', but code.step computes the loss itself"),
         ({"colate": "m:pad"}, "code.colate: unknown key (did you mean 'collate'?)"),
+        ({"form": "trainer"}, "code.form: got 'trainer'; use one of pair, model, step, lightning"),
+        ({"optimizer": {"args": {"lr": 1}}}, "code.optimizer: needs name or class"),
+        ({"optimizer": {"class": "torch.optim.SGD", "lr": 1}}, "code.optimizer.lr: unknown key"),
+        ({"optimizer": {"class": "torch optim"}}, "code.optimizer.class: got 'torch optim'"),
+        ({"data_batch_size": 0}, "code.data_batch_size: got 0"),
         (["m:pad"], "code: expected a mapping"),
     ],
 )
@@ -136,7 +155,8 @@ def test_the_torch_export_writes_the_collate_and_the_model_loss_loop():
     assert f"from {MODULE} import pad_collate  # data.collate: {MODULE}:pad_collate" in text
     assert "    collate_fn=pad_collate,  # data.collate" in text
     assert "for step, batch in enumerate(loader):" in text and "    batch = to_device(batch)" in text
-    assert "        loss = model(**batch).loss  # loss: model" in text
+    assert "        loss = model_loss(model, batch)  # loss: model" in text
+    assert "        output = model(**batch)" in text
     assert "batch.contiguous(memory_format=torch.channels_last)" in text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -202,3 +203,34 @@ def test_a_plain_module_without_data_is_told_to_name_a_data_set():
     spec = {"model": {"name": "tests.fixtures.user_code:encoder", "args": {}}, "seed": 0}
     with pytest.raises(WorkloadError, match=r"^data.name: left out, but model.name .* not a LightningModule"):
         build_workload(spec, ROOT)
+
+
+@pytest.mark.parametrize(
+    "spec, module_class, lr",
+    [
+        (lightning_spec("BoringModel", "lightning.pytorch.demos.boring_classes"), "BoringModel", 0.1),
+        (lightning_spec("boring_subclass", "tests.fixtures.third_party"), "BoringSubclass", 0.1),
+        ({**lightning_spec("LightningTransformer", "lightning.pytorch.demos.transformer", vocab_size=64),
+          "data": {"datamodule": "tests.fixtures.third_party:demo_tokens", "args": {}}}, "LightningTransformer", 0.1),
+    ],
+    ids=["BoringModel", "a plain subclass", "LightningTransformer with a datamodule"],
+)
+def test_lightnings_own_modules_train_by_the_hooks_their_classes_define(spec, module_class, lr):
+    trainer = trainer_for(spec, batch_size=8)
+    losses = [float(trainer.step()) for _ in range(3)]
+    module = trainer.model.module
+    assert type(module).__name__ == module_class
+    # The module's own configure_optimizers() (SGD at lr 0.1), not trainopt's default optimizer.
+    assert type(trainer.optimizer).__name__ == "SGD" and trainer.optimizer.defaults["lr"] == lr
+    assert trainer.optimizer.defaults["momentum"] == 0
+    assert all(math.isfinite(x) for x in losses)
+
+
+def test_the_lightning_module_bases_placeholders_are_not_hooks():
+    from trainopt.trial.lightning_step import _overrides
+
+    bare = lit_code.no_step()
+    assert not _overrides(bare, "training_step") and not _overrides(bare, "train_dataloader")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    assert _overrides(BoringModel(), "training_step") and _overrides(BoringModel(), "train_dataloader")

@@ -12,6 +12,7 @@ from tests.conftest import ROOT
 from tests.fixtures import user_code
 from trainopt.contract.reference import WorkloadError
 from trainopt.knobs.catalog import channels_last_reason, default_settings
+from trainopt.trial.batches import loss_computer
 from trainopt.trial.breakdown import profile_steps
 from trainopt.trial.measure import Trainer, measure_throughput
 from trainopt.trial.run_costs import time_evaluation
@@ -77,6 +78,37 @@ def test_dict_batches_with_a_padding_collate_and_a_model_that_computes_its_own_l
 def test_the_loss_is_read_from_an_object_or_a_dict_output(output):
     s = spec("encoder", "tokens", {"output": output}, collate="pad_collate_encoding", loss="model")
     assert all(torch.isfinite(torch.tensor(train(trainer(s), 3))))
+
+
+def test_a_model_returning_logits_and_loss_trains_on_its_one_scalar_and_says_which_element():
+    s = {"model": {"name": "examples/your_code_gpt.py:gpt", "args": {"n_layer": 1, "n_embd": 16}},
+         "data": {"name": "examples/your_code_gpt.py:next_tokens", "args": {"size": 64}},
+         "loss": "model", "optimizer": {"name": "adamw", "args": {"lr": 0.01}}, "seed": 0}
+    t = trainer(s)
+    losses = train(t, 20)
+    assert sum(losses[-4:]) < sum(losses[:4])  # the loss the model computed, backpropagated: it learns
+    assert t.compute_loss.note == (
+        "loss 'model': the model's output is a tuple (a tensor of shape [8, 16, 64], a scalar tensor); "
+        "element 1, its one scalar tensor, is the loss")
+    x, y = t.loader.dataset[0]
+    logits, loss = t.model(x[None], y[None])
+    assert float(t.compute_loss(t.forward, (x[None], y[None])).detach()) == pytest.approx(float(loss.detach()))
+
+
+@pytest.mark.parametrize(
+    "output, start",
+    [
+        ((torch.zeros(2, 3), torch.tensor(1.0), torch.tensor(2.0)),
+         "loss 'model': the model's output (a tuple of 3) holds 2 scalar tensors (elements 1, 2), so which is the loss is ambiguous"),
+        ((torch.zeros(2, 3), None), "loss 'model': the model's output (a tuple of 2) carries no loss"),
+    ],
+    ids=["two scalars", "no scalar"],
+)
+def test_a_tuple_output_without_exactly_one_scalar_is_one_error_line(output, start):
+    compute = loss_computer("model")
+    with pytest.raises(WorkloadError) as info:
+        compute(lambda x: output, torch.zeros(2))
+    assert str(info.value).startswith(start) and "(logits, loss)" in str(info.value)
 
 
 @pytest.mark.parametrize("on", [True, False])

@@ -380,8 +380,9 @@ def _device(env: dict[str, Any]) -> str:
 def _snippet_spec(out_dir: Path, env: dict[str, Any]) -> dict[str, Any]:
     """What the snippet needs of the resolved spec: the device and the training code's form.
 
-    The device is the resolved spec's, else what the baseline ran on; the data, loss and step
-    fields let the snippet write the loop the trials ran (``loss: model``, ``step:``, a collate).
+    The device is the resolved spec's, else what the baseline ran on; the data, loss, step and
+    optimizer fields let the snippet write the loop the trials ran (``loss: model``, ``step:``,
+    a collate) and the optimizer they built (the baseline's own record comes first).
     """
     import yaml
 
@@ -392,7 +393,7 @@ def _snippet_spec(out_dir: Path, env: dict[str, Any]) -> dict[str, Any]:
     spec = spec if isinstance(spec, dict) else {}
     kind = env.get("device_type")
     device = spec["device"] if isinstance(spec.get("device"), str) else (kind if kind in ("cpu", "cuda") else "auto")
-    return {**{k: spec[k] for k in ("data", "loss", "step") if k in spec}, "device": device}
+    return {**{k: spec[k] for k in ("data", "loss", "step", "optimizer") if k in spec}, "device": device}
 
 
 def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str | None, str | None]:

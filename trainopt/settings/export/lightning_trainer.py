@@ -10,6 +10,7 @@ from __future__ import annotations
 from trainopt.knobs import kwargs as apply
 from trainopt.settings.export.arguments import argument_lines, call_imports, unexpressed_lines
 from trainopt.settings.export.lines import backend_lines, loader_lines, optimizer_args
+from trainopt.settings.frameworks.common import optimizer_text
 from trainopt.settings.production import TrainSettings
 
 __all__ = ["render"]
@@ -31,9 +32,19 @@ def _module_lines(s: TrainSettings) -> list[str]:
     if v["channels_last"]:
         lines += ["#   channels_last: true -> self.net.to(memory_format=torch.channels_last) in __init__, and",
                   "#   x = x.contiguous(memory_format=torch.channels_last) for 4-D inputs in training_step"]
+    measured = (s.code or {}).get("optimizer")
     extra = optimizer_args(s).lstrip(", ")
-    if extra:
+    if measured:
+        built = optimizer_text(dict(measured), s.settings, "self.parameters()")
+        lines.append(f"#   configure_optimizers() must return the measured optimizer: {built}")
+        lines.append("#   (s.build_optimizer(self.parameters()) builds it from best.yaml)")
+    elif extra:
         lines.append(f"#   optimizer_impl: {v['optimizer_impl']} -> pass {extra} to your optimizer in configure_optimizers()")
+    own = (s.code or {}).get("data_batch_size")
+    if own is not None:
+        lines += [f"# Your LightningDataModule (or LightningModule) built its DataLoader with batch_size={own}; trainopt measured",
+                  f"# batch_size: {v['batch_size']} (the loader above); if you pass the data module to trainer.fit, build its",
+                  "# train_dataloader() with s.dataloader_kwargs(); the Trainer calls prepare_data() and setup('fit') first"]
     return lines
 
 

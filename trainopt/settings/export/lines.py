@@ -27,7 +27,13 @@ __all__ = [
     "loader_lines",
     "model_format_line",
     "optimizer_args",
+    "optimizer_lines",
+    "import_of",
 ]
+
+# Names the torch loop itself uses: a user function named like one of them is imported under another.
+LOOP_NAMES = {"step", "batch", "loss", "model", "loader", "optimizer", "device", "scaler", "grad_accum", "to_device",
+              "output", "sys"}
 
 # Which knob each backend flag carries, for the comment beside its line.
 _FLAG_KNOB = {
@@ -149,3 +155,66 @@ def model_format_line(s: TrainSettings) -> str:
 def optimizer_args(s: TrainSettings) -> str:
     """``, foreach=True`` or ``, fused=True`` for an optimizer call, or nothing."""
     return "".join(f", {k}={v}" for k, v in apply.optimizer_kwargs(s.settings["optimizer_impl"]).items())
+
+
+def import_of(ref: str, field: str, alias: str) -> tuple[str, list[str]]:
+    """(the expression that names the callable, the lines that import it) for a reference.
+
+    A ``path/file.py:callable`` is imported from its folder, relative to the working
+    directory as ``load_settings`` resolves ``code.collate``, so the pasted script runs as is.
+    """
+    target, _, attr = ref.rpartition(":")
+    head, _, rest = attr.partition(".")
+    name = alias if head in LOOP_NAMES else head
+    call = f"{name}.{rest}" if rest else name
+    imported = f"{head} as {name}" if name != head else head
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        folder, _, file = target.replace("\\", "/").rpartition("/")
+        module = file[:-3] if file.endswith(".py") else file
+        return call, [
+            f"import sys  # {field}: {ref}, imported from its folder (relative to the working directory)",
+            f"sys.path.insert(0, {folder or '.'!r})",
+            f"from {module} import {imported}",
+        ]
+    return call, [f"from {target} import {imported}  # {field}: {ref}"]
+
+
+def _value(value: Any) -> str:
+    """A keyword argument's value as Python source: lists (YAML's tuples, such as betas) as tuples."""
+    if isinstance(value, list):
+        return repr(tuple(value))
+    return repr(value)
+
+
+def optimizer_lines(s: TrainSettings, params: str = "model.parameters()") -> tuple[list[str], list[str]]:
+    """(imports, the lines that build the optimizer) as the trials built it, with the measured kernels.
+
+    From best.yaml's ``code.optimizer``: the spec's optimizer factory or class with its
+    arguments, trainopt's default, or the class and arguments a LightningModule's
+    ``configure_optimizers()`` built; without that record, a placeholder to replace.
+    """
+    record = (s.code or {}).get("optimizer")
+    impl = knob(s, "optimizer_impl")
+    if not record:
+        return [], [f"optimizer = torch.optim.SGD({params}, lr=0.1{optimizer_args(s)})  "
+                    f"# your optimizer (best.yaml names none); {impl}"]
+    args = "".join(f", {k}={_value(v)}" for k, v in (record.get("args") or {}).items())
+    name, cls, source = record.get("name"), record.get("class"), record.get("source", "spec")
+    imports: list[str] = []
+    if source == "spec" and name and ":" in name:
+        call, imports = import_of(name, "optimizer.name", "make_optimizer")
+        why = f"optimizer: {name}, as measured"
+    elif cls:
+        call = cls
+        module = cls.rpartition(".")[0]
+        if module and module.split(".")[0] != "torch":
+            imports = [f"import {module}  # the optimizer's class, as measured"]
+        why = {"spec": f"optimizer: {name}, as measured", "default": "trainopt's default optimizer, as measured",
+               "configure_optimizers": "what configure_optimizers() built, as measured"}.get(source, "as measured")
+    else:
+        return [], [f"optimizer = torch.optim.SGD({params}, lr=0.1{optimizer_args(s)})  "
+                    f"# your optimizer ({name!r} was measured); {impl}"]
+    lines = [f"optimizer = {call}({params}{args}{optimizer_args(s)})  # {why}; {impl}"]
+    if source == "configure_optimizers":
+        lines.append("# (its learning-rate schedulers, if configure_optimizers() returns any, step as your loop steps them)")
+    return imports, lines

@@ -5,8 +5,11 @@ DistributedSampler, DistributedDataParallel with the ``ddp_*`` knobs' arguments,
 ``no_sync()`` on accumulation steps, and a teardown that frees DDP before the process group.
 With best.yaml's ``code:`` section it is the loop of the spec's own training code: the
 DataLoader gets the ``collate_fn`` (``data.collate``), and the loop moves whole batches and
-computes the loss as ``loss = model(**batch).loss`` (``loss: model``) or
-``loss = step(model, batch)`` (``step``).
+computes the loss as ``model_loss(model, batch)`` (``loss: model``: the batch into the model as
+the trial called it, the loss read from the output as the trial read it),
+``step(model, batch)`` (``step``, imported from its module or file), or a LightningModule's
+``training_step(batch, batch_idx)`` (the ``lightning`` form). The optimizer is the one the
+trials built (``code.optimizer``): its class or the spec's factory, with its arguments.
 """
 
 from __future__ import annotations
@@ -20,33 +23,20 @@ from trainopt.settings.export.lines import (
     ddp_unused,
     device_type,
     knob,
+    import_of,
     loader_lines,
     model_format_line,
-    optimizer_args,
+    optimizer_lines,
 )
 from trainopt.settings.production import TrainSettings
 
 __all__ = ["render"]
 
-# Names the loop itself uses: a user function named like one of them is imported under another.
-_LOOP_NAMES = {"step", "batch", "loss", "model", "loader", "optimizer", "device", "scaler", "grad_accum", "to_device"}
-
-
-def _import_of(ref: str, field: str, alias: str) -> tuple[str, str]:
-    """(the expression that names the callable, the line that imports it) for a reference."""
-    target, _, attr = ref.rpartition(":")
-    head, _, rest = attr.partition(".")
-    name = alias if head in _LOOP_NAMES else head
-    call = f"{name}.{rest}" if rest else name
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        return call, f"# {name} = {attr} from {target}  ({field}: {ref}; import it as your script does)"
-    imported = f"{head} as {name}" if name != head else head
-    return call, f"from {target} import {imported}  # {field}: {ref}"
-
-
 def _form(s: TrainSettings) -> str:
-    """``pair``, ``model`` or ``step``: how the measured loop turned a batch into the loss."""
+    """``pair``, ``model``, ``step`` or ``lightning``: how the measured loop turned a batch into the loss."""
     code = s.code or {}
+    if code.get("form"):
+        return code["form"]
     if code.get("step"):
         return "step"
     return "model" if code.get("loss") == "model" else "pair"
@@ -80,6 +70,63 @@ def _to_device_lines(s: TrainSettings) -> list[str]:
     ]
 
 
+def _model_loss_lines() -> list[str]:
+    """``loss: model`` as the trials read it: the whole batch into the model, the loss out of its output."""
+    return [
+        "def model_loss(model, batch):",
+        '    """The model called with the whole batch, and the loss read from its output, as measured."""',
+        "    if isinstance(batch, Mapping):",
+        "        output = model(**batch)",
+        "    elif isinstance(batch, (tuple, list)):",
+        "        output = model(*batch)",
+        "    else:",
+        "        output = model(batch)",
+        "    if isinstance(output, torch.Tensor):",
+        "        return output",
+        '    if isinstance(output, Mapping) and "loss" in output:',
+        '        return output["loss"]',
+        '    if getattr(output, "loss", None) is not None:',
+        "        return output.loss",
+        "    if isinstance(output, Mapping):",
+        "        return sum(output.values())  # a dict of losses: their sum",
+        "    # a tuple such as (logits, loss): its one scalar tensor",
+        "    return next(item for item in output if isinstance(item, torch.Tensor) and item.numel() == 1)",
+        "",
+        "",
+    ]
+
+
+def _own_data_lines(batch_size: int) -> list[str]:
+    """Where the data set comes from when the LightningModule (or its data module) supplied it."""
+    return [
+        "# the data set of your LightningDataModule (or LightningModule), as measured: Lightning's order first,",
+        "# datamodule.prepare_data(); datamodule.setup(\"fit\"); dataset = datamodule.train_dataloader().dataset",
+        f"# its own DataLoader asked for batch_size={batch_size}; the measured batch_size below replaces it",
+    ]
+
+
+def _training_step_lines() -> list[str]:
+    """The LightningModule trained by its training_step, as the trials trained it."""
+    return [
+        "model.log = model.log_dict = lambda *args, **kwargs: None  # no Trainer collects metrics here, as measured",
+        'model.setup("fit")  # Lightning calls it before training',
+        "",
+        "",
+        "class TrainingStep(torch.nn.Module):",
+        '    """The LightningModule with training_step as forward, so DDP and torch.compile wrap the step, as measured."""',
+        "",
+        "    def __init__(self, module):",
+        "        super().__init__()",
+        "        self.module = module",
+        "",
+        "    def forward(self, batch, batch_idx):",
+        "        return self.module.training_step(batch, batch_idx)",
+        "",
+        "",
+        "model = TrainingStep(model)",
+    ]
+
+
 def _amp_dtype(s: TrainSettings) -> str | None:
     name = apply.AMP_DTYPES[s.settings["amp"]]
     return f"torch.{name}" if name else None
@@ -108,11 +155,13 @@ def render(s: TrainSettings, header: list[str]) -> str:
     lines += ["import torch", "from torch.utils.data import DataLoader"]
     collate = step_call = None
     if code.get("collate"):
-        collate, line = _import_of(code["collate"], "data.collate", "collate_fn")
-        lines.append(line)
+        collate, imported = import_of(code["collate"], "data.collate", "collate_fn")
+        lines += imported
     if form == "step":
-        step_call, line = _import_of(code["step"], "step", "train_step")
-        lines.append(line)
+        step_call, imported = import_of(code["step"], "step", "train_step")
+        lines += imported
+    optimizer_imports, optimizer_built = optimizer_lines(s)
+    lines += optimizer_imports
     if ddp:
         lines += [
             "import contextlib",
@@ -137,6 +186,8 @@ def render(s: TrainSettings, header: list[str]) -> str:
     if ddp:
         sampler_args = ", ".join(f"{k}={val!r}" for k, val in apply.sampler_kwargs(0).items())
         lines.append(f"sampler = DistributedSampler(dataset, {sampler_args})  # each process reads its own shard")
+    if code.get("data_batch_size") is not None:
+        lines += _own_data_lines(code["data_batch_size"])
     lines += [
         "loader = DataLoader(",
         "    dataset,  # your Dataset",
@@ -146,6 +197,8 @@ def render(s: TrainSettings, header: list[str]) -> str:
         "",
         "model = model.to(device)  # your nn.Module",
     ]
+    if form == "lightning":
+        lines += _training_step_lines()
     lines.append(model_format_line(s))
     lines.append("model.train()")
     if ddp:
@@ -156,10 +209,7 @@ def render(s: TrainSettings, header: list[str]) -> str:
             *ddp_kwarg_lines(s, "    "),
             ")",
         ]
-    lines.append(
-        f"optimizer = torch.optim.SGD(model.parameters(), lr=0.1{optimizer_args(s)})  "
-        f"# your optimizer; {knob(s, 'optimizer_impl')}"
-    )
+    lines += optimizer_built
     if v["compile"] != "off":
         lines.append(compile_call(s))
     else:
@@ -171,6 +221,8 @@ def render(s: TrainSettings, header: list[str]) -> str:
     lines += [f"grad_accum = {accum}  # {knob(s, 'grad_accum')}", ""]
     if form != "pair":
         lines += _to_device_lines(s)
+    if form == "model":
+        lines += _model_loss_lines()
     if ddp:
         lines.append("# at the start of every epoch: sampler.set_epoch(epoch), so each epoch shuffles anew, as measured")
     if form == "pair":
@@ -188,16 +240,23 @@ def render(s: TrainSettings, header: list[str]) -> str:
     else:
         lines += ["for step, batch in enumerate(loader):", "    batch = to_device(batch)  # the whole batch, as measured"]
         if form == "model":
-            compute = "loss = model(**batch).loss"
-            why = "loss: model (a tuple batch: model(*batch); a dict output: its [\"loss\"] or the sum of its losses)"
+            compute = ["loss = model_loss(model, batch)"]
+            why = "loss: model (the model computes its own loss from the whole batch)"
+        elif form == "lightning":
+            compute = ["output = model(batch, step)", 'loss = output["loss"] if isinstance(output, Mapping) else output']
+            why = "the LightningModule's training_step(batch, batch_idx), as measured"
         else:
-            compute, why = f"loss = {step_call}(model, batch)", f"step: {code['step']} (your forward and loss)"
+            compute, why = [f"loss = {step_call}(model, batch)"], f"step: {code['step']} (your forward and loss)"
+    if isinstance(compute, str):
+        compute = [compute]
     body = []
     if v["amp"] != "off":
         body.append(f"    with torch.autocast(device.type, dtype={_amp_dtype(s)}):  # {knob(s, 'amp')}")
-        body.append(f"        {compute}  # {why}")
+        body.append(f"        {compute[0]}  # {why}")
+        body += [f"        {line}" for line in compute[1:]]
     else:
-        body.append(f"    {compute}  # {why}; {knob(s, 'amp')} (full precision)")
+        body.append(f"    {compute[0]}  # {why}; {knob(s, 'amp')} (full precision)")
+        body += [f"    {line}" for line in compute[1:]]
     divided = "loss / grad_accum" if accum > 1 else "loss"
     if fp16:
         body.append(f"    scaler.scale({divided}).backward()")

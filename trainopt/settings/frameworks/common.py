@@ -9,7 +9,7 @@ from trainopt.knobs.catalog import format_value
 from trainopt.settings.frameworks.records import Argument, Unexpressed, note
 from trainopt.settings.record import SettingsRecord
 
-__all__ = ["BUFFER_KWARGS", "ddp_keywords", "device_note", "left", "script_only"]
+__all__ = ["BUFFER_KWARGS", "ddp_keywords", "device_note", "left", "measured_optimizer", "optimizer_text", "script_only"]
 
 # The DistributedDataParallel keyword for ddp_broadcast_buffers: PyTorch 2.13 renamed it
 # (the old name still works but warns on every wrap, and also skips the start-up sync).
@@ -80,3 +80,18 @@ def script_only(record: SettingsRecord, framework: str, device_type: str) -> tup
     elif framework == "lightning":
         quiet.append(left(record, "tf32", "PyTorch's TF32 defaults (cuDNN convolutions on, matmuls off)"))
     return out, quiet
+
+
+def measured_optimizer(record: SettingsRecord) -> dict[str, Any] | None:
+    """best.yaml's ``code.optimizer``: the optimizer the trials built (``source``, ``name``, ``class``, ``args``), or None."""
+    found = (record.code or {}).get("optimizer")
+    return dict(found) if found else None
+
+
+def optimizer_text(optimizer: dict[str, Any], settings: Any, params: str = "params") -> str:
+    """The measured optimizer as one call, kernels included: ``torch.optim.SGD(params, lr=0.1, foreach=True)``."""
+    name = optimizer.get("name")
+    call = name if optimizer.get("source", "spec") == "spec" and name and ":" in name else optimizer.get("class") or name
+    kwargs = {**(optimizer.get("args") or {}), **apply.optimizer_kwargs(settings["optimizer_impl"])}
+    text = "".join(f", {k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in kwargs.items())
+    return f"{call}({params}{text})"

@@ -12,9 +12,18 @@ filter on, the Trainer checks every step's loss for NaN on the host, which is a 
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainopt.knobs import kwargs as apply
 from trainopt.knobs.catalog import format_value
-from trainopt.settings.frameworks.common import ddp_keywords, device_note, left, script_only
+from trainopt.settings.frameworks.common import (
+    ddp_keywords,
+    device_note,
+    left,
+    measured_optimizer,
+    optimizer_text,
+    script_only,
+)
 from trainopt.settings.frameworks.records import Argument, FrameworkArgs, Unexpressed, note
 from trainopt.settings.record import SettingsRecord
 
@@ -24,6 +33,11 @@ __all__ = ["OPTIM", "hf_args"]
 # foreach on CUDA, a per-parameter loop on a CPU).
 OPTIM = {"default": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused"}
 _LOG_DEFAULT = 500
+# torch.optim.AdamW's defaults: TrainingArguments' own differ (learning_rate 5e-5, weight_decay
+# 0.0), so each hyperparameter of a measured AdamW is written, given or not.
+ADAMW_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
+# The AdamW hyperparameters that have a TrainingArguments field.
+_ADAMW_FIELDS = ("lr", "betas", "eps", "weight_decay", "foreach", "fused")
 # ddp knob -> its TrainingArguments field (gradient_as_bucket_view has none).
 _DDP_FIELDS = {
     "ddp_bucket_cap_mb": "ddp_bucket_cap_mb",
@@ -134,19 +148,64 @@ def _compile(record: SettingsRecord, device_type: str) -> tuple[list[Argument], 
     return args, out
 
 
-def _optimizer(record: SettingsRecord, device_type: str) -> tuple[Argument, list[Unexpressed]]:
+def _adamw_arguments(optimizer: dict[str, Any]) -> list[Argument]:
+    """learning_rate, weight_decay, adam_beta1/2 and adam_epsilon of a measured AdamW."""
+    given = optimizer.get("args") or {}
+    h = {**ADAMW_DEFAULTS, **given}
+    betas = list(h["betas"])
+    why = "optimizer.args" if optimizer.get("source") == "spec" else f"from {optimizer.get('source')}"
+
+    def said(key: str) -> str:
+        return f"{key}: {given[key]!r} ({why})" if key in given else f"{key}: torch's AdamW default, as measured"
+
+    return [
+        Argument("learning_rate", h["lr"], ("code.optimizer",), said("lr") + " (the Trainer's own default is 5e-5)"),
+        Argument("weight_decay", h["weight_decay"], ("code.optimizer",), said("weight_decay") + " (the Trainer's own is 0.0)"),
+        Argument("adam_beta1", betas[0], ("code.optimizer",), said("betas")),
+        Argument("adam_beta2", betas[1], ("code.optimizer",), said("betas")),
+        Argument("adam_epsilon", h["eps"], ("code.optimizer",), said("eps")),
+    ]
+
+
+def _optimizer(record: SettingsRecord, device_type: str) -> tuple[list[Argument], list[Unexpressed]]:
     impl = record.settings["optimizer_impl"]
+    measured = measured_optimizer(record)
+    adamw = measured is not None and measured.get("class") == "torch.optim.AdamW" and not (
+        measured.get("source") == "spec" and ":" in str(measured.get("name"))) and set(
+        measured.get("args") or {}) <= set(_ADAMW_FIELDS)
     what = {"default": "AdamW with torch's default kernels", "foreach": "AdamW with torch's default kernels, foreach on CUDA",
             "fused": "AdamW with fused kernels"}[impl]
-    arg = Argument("optim", OPTIM[impl], ("optimizer_impl",),
-                   f"{note(record.settings, 'optimizer_impl')} -> {what} (the Trainer's own default on torch 2.8+ is "
-                   "adamw_torch_fused); for another optimizer keep this implementation")
-    if impl == "foreach" and device_type != "cuda":
-        return arg, [Unexpressed("optimizer_impl", "foreach", "TrainingArguments cannot ask for foreach kernels; "
-                                 "adamw_torch runs a per-parameter loop on a CPU",
-                                 "pass optimizer_cls_and_kwargs=(torch.optim.AdamW, {'lr': args.learning_rate, "
-                                 "'foreach': True}) to Trainer")]
-    return arg, []
+    args = [Argument("optim", OPTIM[impl], ("optimizer_impl",),
+                     f"{note(record.settings, 'optimizer_impl')} -> {what} (the Trainer's own default on torch 2.8+ is "
+                     "adamw_torch_fused); for another optimizer keep this implementation")]
+    # trainopt never clips gradients; the Trainer clips at 1.0 unless told otherwise.
+    args.append(Argument("max_grad_norm", 0.0, (), "no gradient clipping, as measured (the Trainer clips at 1.0 by default)"))
+    out: list[Unexpressed] = []
+    if measured is None or adamw:
+        # Without a recorded optimizer (a hand-written best.yaml), the Trainer's AdamW is the one meant.
+        if measured is not None:
+            args += _adamw_arguments(measured)
+        if impl == "foreach" and device_type != "cuda":
+            kwargs = _kwargs_text(measured, record) if measured else "{'lr': args.learning_rate, 'foreach': True}"
+            out.append(Unexpressed("optimizer_impl", "foreach", "TrainingArguments cannot ask for foreach kernels; "
+                                   "adamw_torch runs a per-parameter loop on a CPU",
+                                   f"pass optimizer_cls_and_kwargs=(torch.optim.AdamW, {kwargs}) to Trainer"))
+        return args, out
+    built = optimizer_text(measured, record.settings)
+    lr = (measured.get("args") or {}).get("lr")
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        args.append(Argument("learning_rate", lr, ("code.optimizer",),
+                             "the measured learning rate, for the Trainer's schedule (the optimizer is below)"))
+    out.append(Unexpressed("code.optimizer", built, "TrainingArguments builds AdamW; the settings were measured "
+                           "with another optimizer (or a factory of the spec's)",
+                           f"pass optimizer_cls_and_kwargs=({measured.get('class') or measured.get('name')}, "
+                           f"{_kwargs_text(measured, record)}) to Trainer, or build it yourself: {built}"))
+    return args, out
+
+
+def _kwargs_text(optimizer: dict[str, Any], record: SettingsRecord) -> str:
+    kwargs = {**(optimizer.get("args") or {}), **apply.optimizer_kwargs(record.settings["optimizer_impl"])}
+    return "{" + ", ".join(f"{k!r}: {tuple(v) if isinstance(v, list) else v!r}" for k, v in kwargs.items()) + "}"
 
 
 def _loader(record: SettingsRecord, device_type: str) -> list[Argument]:
@@ -200,7 +259,7 @@ def hf_args(record: SettingsRecord, device_type: str, buffer_kwarg: str = "forwa
     args += compile_args
     unexpressed += compile_out
     optim, optim_out = _optimizer(record, device_type)
-    args.append(optim)
+    args += optim
     unexpressed += optim_out
     script, quiet = script_only(record, "hf", device_type)
     unexpressed += script

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from trainopt.knobs import kwargs as apply
 from trainopt.knobs.catalog import KNOBS, format_value
-from trainopt.settings.frameworks.common import ddp_keywords, device_note, left, script_only
+from trainopt.settings.frameworks.common import (
+    ddp_keywords,
+    device_note,
+    left,
+    measured_optimizer,
+    optimizer_text,
+    script_only,
+)
 from trainopt.settings.frameworks.records import Argument, Call, FrameworkArgs, Unexpressed, note
 from trainopt.settings.record import SettingsRecord
 
@@ -150,6 +157,14 @@ def _loader(record: SettingsRecord, device_type: str) -> list[Unexpressed]:
     if collate:
         out.append(Unexpressed("code.collate", collate, "the Trainer takes your DataLoader as it is",
                                "pass collate_fn=s.collate_fn to the DataLoader (s.dataloader_kwargs() includes it)"))
+    own = (record.code or {}).get("data_batch_size")
+    if own is not None:
+        out.append(Unexpressed(
+            "code.data_batch_size", format_value(own),
+            "the data came from your LightningDataModule's (or LightningModule's) train_dataloader(), whose DataLoader "
+            f"asked for batch_size={own}; trainopt measured batch_size: {v['batch_size']} instead",
+            f"build that DataLoader with batch_size={v['batch_size']} and the rest of s.dataloader_kwargs(); the Trainer "
+            "calls prepare_data() and setup('fit') before train_dataloader(), as the trials did"))
     return out
 
 
@@ -157,6 +172,16 @@ def _module(record: SettingsRecord) -> list[Unexpressed]:
     """The optimizer and compile: written in the LightningModule, not given to the Trainer."""
     v = record.settings
     out = []
+    measured = measured_optimizer(record)
+    if measured is not None:
+        built = optimizer_text(measured, record.settings, "self.parameters()")
+        if measured.get("source") == "configure_optimizers":
+            reason, instead = ("the optimizer is built in your configure_optimizers(), and it built this one in the "
+                               "trials", f"keep configure_optimizers() returning {built}")
+        else:
+            reason, instead = ("the Trainer steps the optimizer your configure_optimizers() returns, and the settings were "
+                               "measured with this one", f"return {built} from configure_optimizers()")
+        out.append(Unexpressed("code.optimizer", built, reason, instead))
     if v["optimizer_impl"] != KNOBS["optimizer_impl"].default:
         extra = ", ".join(f"{k}=True" for k in apply.optimizer_kwargs(v["optimizer_impl"]))
         out.append(Unexpressed("optimizer_impl", v["optimizer_impl"], "the optimizer is built in your configure_optimizers()",

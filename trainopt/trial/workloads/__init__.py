@@ -26,7 +26,7 @@ from trainopt.contract.reference import (
     is_reference,
     resolve_reference,
 )
-from trainopt.contract.spec import DEFAULT_LOSS, DEFAULT_OPTIMIZER, MODEL_LOSS
+from trainopt.contract.spec import BUILTIN_OPTIMIZER_CLASSES, DEFAULT_LOSS, DEFAULT_OPTIMIZER, MODEL_LOSS
 from trainopt.knobs.kwargs import optimizer_kwargs
 from trainopt.trial.batches import describe, has_image_tensor
 from trainopt.trial.workloads.data import BUILTIN_DATA, build_dataset
@@ -58,11 +58,12 @@ class Workload:
             ``impl`` is ``"default"``, ``"foreach"`` or ``"fused"``.
         image_like: True when a batch holds a 4-D floating tensor, so channels-last applies.
         collate_fn: The DataLoader's ``collate_fn`` (``data.collate``), or None for PyTorch's default.
-        loss_form: ``pair``, ``model`` or ``step`` (``trainopt.trial.batches.LOSS_FORMS``).
+        loss_form: ``pair``, ``model``, ``step`` or ``lightning`` (``trainopt.contract.spec.LOSS_FORMS``).
         step_fn: The step form's ``step(model, batch)``, else None.
         sample_batch: A real batch collated from the data set's first items, or None.
         fields: The spec's values by field (``model.name``, ``data.name``, ``data.collate``,
-            ``loss``, ``step``), for messages.
+            ``loss``, ``step``), for messages; ``data.batch_size``: the batch size of a
+            LightningModule's (or data module's) own ``train_dataloader()``, when it supplied the data.
     """
 
     model: nn.Module
@@ -115,9 +116,7 @@ BUILTIN_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
     "mse": mse,
 }
 BUILTIN_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
-    "sgd": torch.optim.SGD,
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
+    name: getattr(torch.optim, path.rpartition(".")[2]) for name, path in BUILTIN_OPTIMIZER_CLASSES.items()
 }
 
 
@@ -363,6 +362,7 @@ def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
         lit.silence_log(model)
 
     torch.manual_seed(seed)
+    own_batch = None
     if data_name is not None:
         dataset = _dataset(data_name, data_args, source_dir, pairs=form == "pair" and collate_fn is None)
         data_field = data_name
@@ -376,7 +376,7 @@ def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
                 raise WorkloadError(
                     f"data.datamodule {datamodule_ref!r}: returned {type(source).__name__}, expected a LightningDataModule"
                 )
-        dataset, own_collate = lit.loader_parts(source, f"data.datamodule {datamodule_ref!r}" if datamodule_ref else model_field)
+        dataset, own_collate, own_batch = lit.loader_parts(source, f"data.datamodule {datamodule_ref!r}" if datamodule_ref else model_field)
         collate_fn = collate_fn or own_collate
         data_field = datamodule_ref or f"{model_name} train_dataloader()"
     else:
@@ -414,6 +414,6 @@ def build_workload(spec: Mapping[str, Any], source_dir: Path) -> Workload:
         step_fn=step_fn,
         sample_batch=sample,
         fields={"model.name": model_name, "data.name": data_field, "data.collate": collate_ref,
-                "loss": loss_name, "step": step_ref},
+                "loss": loss_name, "step": step_ref, "data.batch_size": own_batch},
     )
 
