@@ -39,6 +39,13 @@ own (so seeded runs without it stay as they were), with zero mean in log: ``mixt
 slow tail) or ``outliers`` (-0.45 in 10 %, +0.05 otherwise). ``SKEW_MEAN[shape]`` is the
 mean of ``exp`` of that draw: the factor it adds to the arm's mean throughput.
 
+``offsets = (share, size)`` gives each arm of a session, with probability ``share``, a
+persistent offset of ``size`` in log (a process that happens to run fast or slow all
+through), the same for every configuration. ``drift = (rho, sd)`` makes each
+configuration's speed wander as an AR(1) series over the sessions it runs in (lag-1
+autocorrelation ``rho``, stationary log sd ``sd``), so the log-ratios of successive pairs
+are serially dependent. Both take draws from generators of their own.
+
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
 (``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
@@ -152,6 +159,8 @@ class FakeRunner:
         early_cut: Retire far-slower arms as the interleaved session runner does.
         skewed: ``{(knob, value): shape}``: arms holding that value get a skewed extra
             draw in sessions (see the module docstring).
+        offsets: ``(share, size)``: planted per-process offsets (see the module docstring).
+        drift: ``(rho, sd)``: each configuration's AR(1) drift over sessions.
     """
 
     def __init__(
@@ -176,7 +185,13 @@ class FakeRunner:
         first_window: float = 1.0,
         early_cut: bool = False,
         skewed: Mapping[tuple[str, Any], str] | None = None,
+        offsets: tuple[float, float] | None = None,
+        drift: tuple[float, float] | None = None,
     ):
+        self.offsets, self.drift = offsets, drift
+        self.offset_rng = random.Random(seed * 104729 + 3)
+        self.drift_rng = random.Random(seed * 15485863 + 5)
+        self._drift_state: dict[str, float] = {}
         self.step, self.first_window, self.early_cut = step, first_window, early_cut
         self.effects = dict(effects or {})
         self.beside = list(beside or [])
@@ -219,6 +234,21 @@ class FakeRunner:
         if self.step is None:
             return 1.0
         return self.step[1] if len(self.sessions) - before >= self.step[0] else 1.0
+
+    def _planted(self, settings: dict[str, Any]) -> float:
+        """This arm's planted offset and its configuration's drift (0 when neither is set)."""
+        extra = 0.0
+        if self.offsets is not None and self.offset_rng.random() < self.offsets[0]:
+            extra += self.offsets[1]
+        if self.drift is not None:
+            rho, sd = self.drift
+            key = repr(sorted(settings.items(), key=lambda kv: kv[0]))
+            prev = self._drift_state.get(key)
+            step = self.drift_rng.gauss(0.0, sd)
+            x = step if prev is None else rho * prev + math.sqrt(1.0 - rho * rho) * step
+            self._drift_state[key] = x
+            extra += x
+        return extra
 
     def _cut(self, requests: list[TrialRequest], arms: list[TrialResult]) -> list[TrialResult]:
         """The arms' first windows at ``first_window``, and the early cut applied round by round."""
@@ -310,6 +340,7 @@ class FakeRunner:
             for (knob, value), shape in self.skewed.items():
                 if request.settings.get(knob) == value:
                     noise += skew_draw(self.skew_rng, shape)
+            noise += self._planted(request.settings)
             arms.append(self._measured(request, truth * self.machine_speed(before=1) * math.exp(noise)))
         if self.first_window != 1.0 or self.early_cut:
             arms = self._cut(requests, arms)
