@@ -80,6 +80,9 @@ class TrialBroker:
         self.guard = guard
         # Why sessions stayed unstable after every retry, in order (the stages mark their verdicts).
         self.unstable: list[str] = []
+        # The machine check (``execute.machine_probe.MachineProbe``), sampled after every batch
+        # of sessions; None: not sampled (simulations, tests).
+        self.machine: Any = None
         # How to wait for the machine to settle (a simulated clock in tests).
         self.sleep: Callable[[float], None] = time.sleep
         self.spec = spec
@@ -173,6 +176,8 @@ class TrialBroker:
         """
         ran_before = self.state.ran
         results = self._sessions_once(asks, exclusive)
+        if self.machine is not None and self.state.ran > ran_before:
+            self.machine.sample(time.time() - self.state.started)
         if self.guard is None:
             return results
         from trainopt.decide.stability import observe
