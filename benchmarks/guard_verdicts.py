@@ -12,14 +12,16 @@ cases are the ones a real machine differs from the rule's model in:
   log-ratios have lag-1 autocorrelation ``rho`` (pair sd 0.06), truth at the margin;
 * ``skew``: the 80/20 mixture (+0.06 in 80 % of the candidate's arms, -0.24 in 20 %) at
   pair sd 0.02, the ratio of MEAN throughputs at the margin;
-* ``power``: a clean +10 % change at pair sd 0.09 and 0.02.
+* ``power``: a clean +10 % change at pair sd 0.09 and 0.02;
+* ``demo``: two knobs, each a true +10 % change, at pair sd 0.09, with max_pairs 14 (the
+  demo spec), 20 and 40: how often the recommended settings hold both.
 
 Printed per row: how often the knob was called ``improved`` (false when the truth is at the
 margin), with a one-sided 95 % Clopper-Pearson upper bound, and the mean pairs of its
 confirmation.
 
 Usage:
-    python benchmarks/guard_verdicts.py [--reps 400] [--cases offsets ar1 skew power] [--max-pairs 40]
+    python benchmarks/guard_verdicts.py [--reps 400] [--cases offsets ar1 skew power demo] [--max-pairs 40]
         [--guard-off-too] [--rerun-pairs]
 
 ``--rerun-pairs`` lets the guard re-run flagged pair sessions and drop their pairs, judged on
@@ -87,10 +89,34 @@ CASES = {
 }
 
 
+def demo_rows(tmp: Path, reps: int) -> None:
+    """Two true +10 % changes (amp, num_workers) at pair sd 0.09: how often best.yaml holds both."""
+    print()
+    print(f"two knobs, each a true +10 % change (amp bf16, num_workers 1), pair sd 0.09, guard on; {reps} searches per row")
+    print("| max_pairs | both recommended (best.yaml) | at least one | mean sessions |")
+    print("|---|---|---|---|")
+    for max_pairs in (14, 20, 40):
+        both = one = sessions = 0
+        for seed in range(reps):
+            measure = {"pairs": 6, "max_pairs": max_pairs, "confidence": 0.95, "min_speedup": MARGIN}
+            spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"], "num_workers": [0, 1]}, measure=measure),
+                                  "t.yaml", tmp)
+            runner = FakeRunner({("amp", "bf16"): 1.10, ("num_workers", 1): 1.10}, seed=seed, window_sd=0.02, windows=8,
+                                session_sd=0.01, arm_sd=0.09 / math.sqrt(2))
+            search = Search(spec, tmp, runner, MemoryStore(), guard=StabilityGuard())
+            search.broker.sleep = lambda s: None
+            best = search.run()["best"]["settings"]
+            hits = (best.get("amp") == "bf16") + (best.get("num_workers") == 1)
+            both += hits == 2
+            one += hits >= 1
+            sessions += len(runner.sessions)
+        print(f"| {max_pairs} | {both / reps:.1%} | {one / reps:.1%} | {sessions / reps:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    ap.add_argument("--cases", nargs="+", choices=[*CASES, "demo"], default=[*CASES, "demo"])
     ap.add_argument("--max-pairs", type=int, default=40)
     ap.add_argument("--guard-off-too", action="store_true", help="also run the offsets rows with the guard off")
     ap.add_argument("--rerun-pairs", action="store_true",
@@ -104,7 +130,7 @@ def main() -> None:
     print(f"knob amp off -> bf16; pairs 6, max_pairs {args.max_pairs}, 95 %, min_speedup {MARGIN}; {args.reps} searches per row")
     print("| case | guard | true ratio of mean throughputs | improved (95 % upper) | mean pairs |")
     print("|---|---|---|---|---|")
-    for case in args.cases:
+    for case in [c for c in args.cases if c != "demo"]:
         for name, kw in CASES[case]:
             if case == "power":
                 truth = 1.10
@@ -119,6 +145,8 @@ def main() -> None:
                 k, pairs = improved_rate(tmp, args.reps, effect=effect, guard=guard, max_pairs=args.max_pairs, **kw)
                 print(f"| {name} | {'on' if guard else 'off'} | {truth:.2f} | {k / args.reps:.1%} "
                       f"(≤ {upper(k, args.reps):.1%}) | {pairs:.1f} |", flush=True)
+    if "demo" in args.cases:
+        demo_rows(tmp, args.reps)
 
 
 if __name__ == "__main__":

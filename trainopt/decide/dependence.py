@@ -28,10 +28,11 @@ __all__ = ["lag1", "corrected_rho", "inflation", "MIN_PAIRS", "MAX_RHO", "RHO_MA
 # Fewer pairs give no usable autocorrelation (the estimate's sd is about 1/sqrt(n)).
 MIN_PAIRS = 5
 # Standard errors (1/sqrt(n)) added to the bias-corrected estimate. Simulated through the
-# search (benchmarks/guard_verdicts.py, AR(1) drift, pair sd 0.06, truth at the margin): at
-# rho 0.3, false improved 3.3 % with the plain estimate, 2.1 % at 0.5 (1,500 searches), 2.2 %
-# at 1.0; through the rule alone (40 pairs, pair sd 0.09), a +10 % change is found in 98.1 %
-# of 2,000 confirmations without the widening, 97.3 % at 0, 95.9 % at 0.5, 94.0 % at 1.0.
+# search with the guard on (benchmarks/guard_verdicts.py --cases ar1: AR(1) drift, pair sd
+# 0.06, truth at the margin), at rho 0.3 false improved is 2.6 % of 1,000 searches (2.3 % of
+# 2,500), 3.6 % on the same 1,000 at 0 and 5.6 % without the widening; through the rule alone
+# (40 pairs, pair sd 0.09) a +10 % change is found in 96.8 % of 2,000 confirmations, 98.1 %
+# without the widening.
 RHO_MARGIN = 0.5
 # The largest lag-1 autocorrelation credited: a factor of sqrt(1.6 / 0.4) = 2 at most.
 MAX_RHO = 0.6
