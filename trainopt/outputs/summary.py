@@ -165,7 +165,8 @@ def search_summary(doc: dict[str, Any]) -> str:
         lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
     kept = [d for d in doc["decisions"] if d["kept"]]
     if kept:
-        lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept))
+        lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x)" for d in kept)
+                     + " (each the typical pair's speedup: where a few pairs run much slower, the mean gain is lower)")
     else:
         lines.append("kept: nothing (no change was confirmed as faster)")
     lines += [f"run cost: {line}" for line in run_cost_lines(doc.get("run_costs"))]
