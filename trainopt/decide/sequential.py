@@ -36,6 +36,12 @@ bounds the mean log-ratio, which is at most the log of that ratio (Jensen). That
 rate of false wins under skew but cannot bound it (a rare slow pair may be absent from a few
 dozen pairs); the guarantees above are for symmetric noise, where it changes nothing they say.
 
+The guarantees also assume independent pairs. A speed that drifts over minutes makes
+successive pairs' log-ratios serially dependent, and their mean less certain than as many
+independent pairs: the mean check is widened by the effective-sample-size factor from the
+pairs' lag-1 autocorrelation (``decide.dependence``), which holds false wins at the margin
+within the budget up to lag-1 autocorrelation 0.3 in simulation.
+
 Because the guarantees hold for any stopping time, the rule may also stop for futility
 (improvement practically ruled out) with a cheaper, unspent interval, or once even an
 optimistic effect for the pairs still to come could not lift the last look's lower bound
