@@ -174,7 +174,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"--wait-for-quiet: {text!r} is not a number of seconds >= 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
     return value
 
 
