@@ -34,6 +34,7 @@ __all__ = [
     "CUT_SPREAD",
     "STARVED_SHARE",
     "warnings",
+    "starved_arms",
 ]
 
 # Other processes using more than this share of the machine's CPUs make it busy: on two
@@ -49,8 +50,8 @@ NORMAL_NOISE = 0.15
 # No arm is cut after its first window when the incumbent's own windows so far (or in the
 # sessions before) spread by more than this ratio: its first window then says little.
 CUT_SPREAD = 2.0
-# A trial that got less than this share of the CPU time its threads could use over its
-# wall time was starved by other processes.
+# An arm that ran on less than this share of one core over its windows was starved by other
+# processes (``starved_arms``).
 STARVED_SHARE = 0.8
 
 
@@ -199,3 +200,27 @@ def warnings(machine: dict[str, Any] | None, noise_by_stage: dict[str, float] | 
         out.append(f"sessions were {label}, above the {NORMAL_NOISE:.0%} a steady machine shows: "
                    f"differences of a few per cent are hard to see on it")
     return out
+
+
+def starved_arms(arms: Sequence[tuple[Sequence[dict[str, Any]], int | None]]) -> str:
+    """A session note naming the arms that ran on less than ``STARVED_SHARE`` of a core, or ``""``.
+
+    A CPU-bound arm that loads its own data keeps at least one thread running all through its
+    windows; several intra-op threads need not keep every core busy (small operations run on
+    one, idle threads sleep), so the share is judged against one core, not ``threads``: an
+    arm short of even one core waited for cores other processes held. (An arm whose threads
+    spin-wait for a shared core burns CPU time and is not caught here; the load from /proc
+    shows it.) The caller passes only arms that load their own data on a CPU: an arm with
+    loader workers waits for them, an accelerator arm for its device.
+
+    Args:
+        arms: Per arm, its window reports (``elapsed_s``, ``cpu_s``) and its torch threads
+            (None when unknown), for the message; an arm not to judge gets no windows.
+    """
+    out = []
+    for i, (windows, threads) in enumerate(arms):
+        ws = [w for w in windows if isinstance(w.get("cpu_s"), (int, float)) and isinstance(w.get("elapsed_s"), (int, float))]
+        share = cpu_share(sum(w["cpu_s"] for w in ws), sum(w["elapsed_s"] for w in ws), 1) if ws else None
+        if share is not None and share < STARVED_SHARE:
+            out.append(f"arm {i} ran on {share:.0%} of a core" + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else ""))
+    return ("; ".join(out) + " over its windows: other processes held the cores") if out else ""

@@ -61,7 +61,7 @@ from trainopt.atomic import write_json_atomic
 from trainopt.contract.boundary import FORKSERVER_PARENT_VAR, child_environment
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.session import SessionResult
-from trainopt.decide.machine import CUT_SPREAD, cut_allowed
+from trainopt.decide.machine import CUT_SPREAD, cut_allowed, starved_arms
 from trainopt.decide.session_plan import (
     FIRST_WINDOW_FAST,
     HOPELESS,
@@ -277,7 +277,13 @@ class InterleavedSessionRunner:
                 note = (f"arm{'s' if len(retired) > 1 else ''} {', '.join(map(str, sorted(retired)))} ran below "
                         f"{HOPELESS:.2f}x the incumbent (below {HOPELESS / FIRST_WINDOW_FAST:.2f}x after one window) "
                         f"and measured no further windows")
-            note = "; ".join(filter(None, [note, note_held]))
+            starved = ""
+            if readies := [a.ready for a in arms if a.ready]:
+                if readies[0].get("device_type") in (None, "cpu"):
+                    # Only arms that load their own data: one with loader workers waits for them.
+                    starved = starved_arms([(a.windows if not a.failure and not (q.settings.get("num_workers") or 0) else [],
+                                             (a.ready or {}).get("env", {}).get("torch_threads")) for a, q in zip(arms, requests)])
+            note = "; ".join(filter(None, [note, note_held, starved]))
             first = [w["samples"] / w["elapsed_s"] for w in arms[0].windows] if not arms[0].failure else []
             if len(first) >= 2 and min(first) > 0:
                 # The next session's cut after one window judges by this spread (one window has none).

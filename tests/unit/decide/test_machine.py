@@ -64,3 +64,11 @@ def test_warnings_name_the_busy_machine_the_noise_and_a_threads_change_kept_whil
     assert "threads change was kept while the machine was busy" in text
     assert "noisy (window noise up to 30%)" in text
     assert machine.warnings({"before": {"busy": False}, "during": []}, {"amp": 0.05}, ["threads"]) == []
+
+
+def test_an_arm_that_ran_on_half_a_core_is_named_in_the_session_note():
+    full = [{"elapsed_s": 1.0, "cpu_s": 1.6}, {"elapsed_s": 1.0, "cpu_s": 0.9}]  # two threads, one core's worth or more
+    half = [{"elapsed_s": 1.0, "cpu_s": 0.5}, {"elapsed_s": 2.0, "cpu_s": 1.0}]
+    note = machine.starved_arms([(full, 2), (half, 2), ([], 2), (half, None)])
+    assert note == "arm 1 ran on 50% of a core (2 threads); arm 3 ran on 50% of a core over its windows: other processes held the cores"
+    assert machine.starved_arms([(full, 2), ([], 1)]) == ""

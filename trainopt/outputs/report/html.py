@@ -278,7 +278,8 @@ def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
     return {
         "label": machine_check.noise_label({k: v for k, v in noise.items() if number(v) is not None}, verdicts if isinstance(verdicts, int) else 0),
         "machine": machine_lines,
-        "cut_notes": [str(n) for n in notes if "measured no further windows" in str(n) or "early cut did not act" in str(n)],
+        "cut_notes": [str(n) for n in notes if "measured no further windows" in str(n) or "early cut did not act" in str(n)
+                      or "other processes held the cores" in str(n)],
         "image": image,
         "sessions": sum(1 for p in points if not p.get("retry")),
         "retries": info.get("retries", 0),
