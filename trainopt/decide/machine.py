@@ -35,6 +35,7 @@ __all__ = [
     "STARVED_SHARE",
     "warnings",
     "starved_arms",
+    "held_back",
 ]
 
 # Other processes using more than this share of the machine's CPUs make it busy: on two
@@ -224,3 +225,17 @@ def starved_arms(arms: Sequence[tuple[Sequence[dict[str, Any]], int | None]]) ->
         if share is not None and share < STARVED_SHARE:
             out.append(f"arm {i} ran on {share:.0%} of a core" + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else ""))
     return ("; ".join(out) + " over its windows: other processes held the cores") if out else ""
+
+
+def held_back(knob: str, busy: bool) -> str | None:
+    """Why a confirmed change is not adopted because of the machine, or None.
+
+    A ``threads`` change confirmed while the machine is busy is not adopted: with other
+    processes holding cores, a thread count can win only because its threads wait less for a
+    shared core (one busy loop made two threads on two cores 13x slower, one thread
+    unchanged), and that says nothing of a quiet production machine.
+    """
+    if knob == "threads" and busy:
+        return ("not adopted: the machine was busy while it was confirmed, and a threads change can win only because "
+                "other processes held cores; run the search again on a quiet machine")
+    return None

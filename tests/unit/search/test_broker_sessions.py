@@ -167,3 +167,33 @@ def test_a_held_out_session_with_the_baseline_says_so_in_its_progress_detail():
     assert TrialBroker._detail(SessionAsk([inc, cand], "compile", "compile", "holdout", "t")) == "compile=off vs default"
     assert TrialBroker._detail(SessionAsk([inc, cand, cand], "compile", "compile", "screen", "t")) == (
         "compile=off vs default vs default")
+
+
+class BusyProbe:
+    """A machine check that says busy before the search (no /proc read)."""
+
+    def __init__(self, busy):
+        self.before = {"busy": busy, "reason": "other processes used 1.00 of 2 CPUs (yes 1.00)"}
+        self.busy_now = busy
+        self.samples = 0
+
+    def sample(self, t_s=None):
+        self.samples += 1
+
+    def to_dict(self):
+        return {"before": self.before, "during": [], "busy_samples": 0, "samples": self.samples, "max_others": None}
+
+
+def test_a_threads_change_confirmed_while_the_machine_is_busy_is_not_adopted(tmp_path):
+    for busy in (True, False):
+        # The baseline runs 1 thread; 2 confirm as faster.
+        runner = FakeRunner({("threads", 2): 1.5}, arm_sd=0.02, session_sd=0.0, seed=2)
+        search, _ = make(tmp_path, runner, {"threads": [1, 2]})
+        search.state.machine = search.broker.machine = probe = BusyProbe(busy)
+        doc = search.run()
+        (d,) = [d for d in doc["decisions"] if d["knob"] == "threads"]
+        assert d["verdict"] == "improved" and probe.samples >= 1
+        assert d["kept"] is (not busy), d
+        assert ("not adopted: the machine was busy" in d["reason"]) is busy
+        assert doc["machine"]["before"]["busy"] is busy
+        assert any("busy before the search" in w for w in doc["warnings"]) is busy
