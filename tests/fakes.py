@@ -46,6 +46,13 @@ a tiny jitter of their own; ``trains`` plants settings that train ``worse`` (the
 where it started) or turn ``nan`` at the fourth step. Their draws come from generators of
 their own, so seeded runs stay as they were.
 
+``offsets = (share, size)`` gives each arm of a session, with probability ``share``, a
+persistent offset of ``size`` in log (a process that happens to run fast or slow all
+through), the same for every configuration. ``drift = (rho, sd)`` makes each
+configuration's speed wander as an AR(1) series over the sessions it runs in (lag-1
+autocorrelation ``rho``, stationary log sd ``sd``), so the log-ratios of successive pairs
+are serially dependent. Both take draws from generators of their own.
+
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
 (``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
@@ -189,6 +196,8 @@ class FakeRunner:
             draw in sessions (see the module docstring).
         trains: ``{(knob, value): "worse" | "nan"}``: training-check runs holding that value
             train worse or turn non-finite (see the module docstring).
+        offsets: ``(share, size)``: planted per-process offsets (see the module docstring).
+        drift: ``(rho, sd)``: each configuration's AR(1) drift over sessions.
     """
 
     def __init__(
@@ -214,8 +223,14 @@ class FakeRunner:
         early_cut: bool = False,
         skewed: Mapping[tuple[str, Any], str] | None = None,
         trains: Mapping[tuple[str, Any], str] | None = None,
+        offsets: tuple[float, float] | None = None,
+        drift: tuple[float, float] | None = None,
     ):
         self.trains = dict(trains or {})
+        self.offsets, self.drift = offsets, drift
+        self.offset_rng = random.Random(seed * 104729 + 3)
+        self.drift_rng = random.Random(seed * 15485863 + 5)
+        self._drift_state: dict[str, float] = {}
         self.step, self.first_window, self.early_cut = step, first_window, early_cut
         self.effects = dict(effects or {})
         self.beside = list(beside or [])
@@ -258,6 +273,21 @@ class FakeRunner:
         if self.step is None:
             return 1.0
         return self.step[1] if len(self.sessions) - before >= self.step[0] else 1.0
+
+    def _planted(self, settings: dict[str, Any]) -> float:
+        """This arm's planted offset and its configuration's drift (0 when neither is set)."""
+        extra = 0.0
+        if self.offsets is not None and self.offset_rng.random() < self.offsets[0]:
+            extra += self.offsets[1]
+        if self.drift is not None:
+            rho, sd = self.drift
+            key = repr(sorted(settings.items(), key=lambda kv: kv[0]))
+            prev = self._drift_state.get(key)
+            step = self.drift_rng.gauss(0.0, sd)
+            x = step if prev is None else rho * prev + math.sqrt(1.0 - rho * rho) * step
+            self._drift_state[key] = x
+            extra += x
+        return extra
 
     def _cut(self, requests: list[TrialRequest], arms: list[TrialResult]) -> list[TrialResult]:
         """The arms' first windows at ``first_window``, and the early cut applied round by round."""
@@ -351,6 +381,7 @@ class FakeRunner:
             for (knob, value), shape in self.skewed.items():
                 if request.settings.get(knob) == value:
                     noise += skew_draw(self.skew_rng, shape)
+            noise += self._planted(request.settings)
             arms.append(self._measured(request, truth * self.machine_speed(before=1) * math.exp(noise)))
         if self.first_window != 1.0 or self.early_cut:
             arms = self._cut(requests, arms)

@@ -169,6 +169,40 @@ def _executor(args, spec, runner):
     return executor
 
 
+def _seconds(text: str) -> float:
+    """A non-negative number of seconds, for ``--wait-for-quiet``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
+def _machine_check(args):
+    """The machine check before the first trial: a warning when other processes keep the machine busy.
+
+    With ``--wait-for-quiet`` it first waits (up to the given seconds) for the machine to
+    quiet down. Returns the probe, which the search samples again after every batch of
+    sessions, or None where /proc cannot be read.
+    """
+    from trainopt.execute.machine_probe import MachineProbe
+
+    probe = MachineProbe()
+    say = (lambda text: print(f"trainopt: {text}", file=sys.stderr))
+    if args.wait_for_quiet is not None:
+        check = probe.wait_for_quiet(args.wait_for_quiet, say=say)
+    else:
+        check = probe.check_before(1.0)
+    if check is None:
+        return None
+    if check.busy:
+        say(f"WARNING: the machine is busy: {check.reason}. Every figure will measure this contention as well "
+            f"as the settings; stop those processes, or run with --wait-for-quiet.")
+    return probe
+
+
 def cmd_search(args) -> int:
     if not args.json:
         return _search(args, {})
@@ -209,6 +243,10 @@ def _search(args, headline: dict[str, Any]) -> int:
                 (folder.path / old).unlink(missing_ok=True)
         runner = SubprocessRunner()
         executor = _executor(args, spec, runner)
+        probe = _machine_check(args)
+        if probe is not None and hasattr(getattr(executor, "session_runner", None), "machine"):
+            # The early cut does not act while the machine is busy.
+            executor.session_runner.machine = probe
         progress = ConsoleProgress(quiet=args.quiet)
 
         def checkpoint(doc):
@@ -222,6 +260,7 @@ def _search(args, headline: dict[str, Any]) -> int:
 
         search = Search(spec, folder.path, runner, store, progress=progress, on_checkpoint=checkpoint, executor=executor,
                         guard=StabilityGuard())
+        search.state.machine = search.broker.machine = probe
         try:
             doc = search.run()
         except SearchFailed as exc:
@@ -462,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     scaling.add_options(s)
     s.add_argument("--quiet", action="store_true", help="no progress (no bar on a terminal, no per-trial lines)")
+    s.add_argument("--wait-for-quiet", type=_seconds, nargs="?", const=600.0, default=None, metavar="SECONDS",
+                   help="before the first trial, wait while other processes keep the machine busy (at most SECONDS, "
+                        "default 600), then start either way")
     s.add_argument("--json", action="store_true",
                    help="print the final summary as one JSON object on stdout (name, complete, baseline and best "
                         "samples/s, speedup and its interval, kept changes, bottleneck, output folder) and nothing "

@@ -322,3 +322,25 @@ def test_the_fork_server_imports_what_an_arm_asks_for_once_before_forking_it(tmp
         assert probe.read_text().split() == [str(fork_server.proc.pid)]
     finally:
         fork_server.close()
+
+
+def test_an_arm_starved_by_busy_loops_is_named_in_the_session_note(tmp_path):
+    # As many busy loops as cores, at normal priority: a one-thread arm gets about half a core
+    # at best, far below the 80 % of a core that a quiet machine gives it.
+    import signal
+    import subprocess
+    import sys
+
+    reqs, logs = _requests(tmp_path, [{"batch_size": 16}, {"batch_size": 32}])
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+             for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)
+        with InterleavedSessionRunner() as runner:
+            result = runner.run_session(reqs, logs, timeout_s=120, seed=5)
+    finally:
+        for p in loops:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert result.mode == "interleaved", result.note
+    assert "of a core (1 thread)" in result.note and "other processes held the cores" in result.note, result.note

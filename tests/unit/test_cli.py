@@ -221,6 +221,36 @@ def test_search_without_json_prints_the_text_summary(fake_search, capfd):
     assert cli.main(["search", str(spec), "--out", str(out)]) == 0
     out_text = capfd.readouterr().out
     assert "search tiny: complete" in out_text and "kept: amp off -> bf16" in out_text and "results:" in out_text
+    # The machine check sampled the machine before the search and after its sessions.
+    machine = json.loads((out / "results.json").read_text())["machine"]
+    assert machine is None or (machine["before"]["cpus"] >= 1 and machine["samples"] == len(machine["during"]))
+
+
+def test_search_warns_before_the_first_trial_when_the_machine_is_busy_and_can_wait(fake_search, capfd, monkeypatch):
+    from trainopt.decide.machine import MachineCheck
+    from trainopt.execute import machine_probe
+
+    calls = []
+
+    def busy_then_quiet(self, interval_s=1.0):
+        calls.append(interval_s)
+        self.before = {"busy": len(calls) < 3, "others": 1.0, "cpus": 2, "top": [["yes", 1.0]]}
+        return MachineCheck(len(calls) < 3, "other processes used 1.00 of 2 CPUs (yes 1.00)" if len(calls) < 3 else "")
+
+    monkeypatch.setattr(machine_probe.MachineProbe, "check_before", busy_then_quiet)
+    spec, out = fake_search
+    assert cli.main(["search", str(spec), "--out", str(out), "--wait-for-quiet", "60"]) == 0
+    err = capfd.readouterr().err
+    assert err.count("waiting for it to quiet down") == 2 and "WARNING: the machine is busy" not in err
+    assert json.loads((out / "results.json").read_text())["machine"]["before"]["waited_s"] == 10.0
+    calls.clear()
+    assert cli.main(["search", str(spec), "--out", str(tmp := out.parent / "again")]) == 0
+    err = capfd.readouterr().err
+    assert "WARNING: the machine is busy: other processes used 1.00 of 2 CPUs (yes 1.00)" in err
+    assert json.loads((tmp / "results.json").read_text())["machine"]["before"]["busy"] is True
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["search", str(spec), "--wait-for-quiet", "soon"])
+    assert exc.value.code == 2 and "'soon' is not a number of seconds >= 0" in capfd.readouterr().err
 
 
 def test_search_json_with_a_bad_spec_prints_nothing_on_stdout(tmp_path, capfd):

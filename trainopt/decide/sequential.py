@@ -36,6 +36,12 @@ bounds the mean log-ratio, which is at most the log of that ratio (Jensen). That
 rate of false wins under skew but cannot bound it (a rare slow pair may be absent from a few
 dozen pairs); the guarantees above are for symmetric noise, where it changes nothing they say.
 
+The guarantees also assume independent pairs. A speed that drifts over minutes makes
+successive pairs' log-ratios serially dependent, and their mean less certain than as many
+independent pairs: the mean check is widened by the effective-sample-size factor from the
+pairs' lag-1 autocorrelation (``decide.dependence``), which holds false wins at the margin
+within the budget up to lag-1 autocorrelation 0.3 in simulation.
+
 Because the guarantees hold for any stopping time, the rule may also stop for futility
 (improvement practically ruled out) with a cheaper, unspent interval, or once even an
 optimistic effect for the pairs still to come could not lift the last look's lower bound
@@ -63,6 +69,7 @@ import numpy as np
 from scipy.stats import norm as _norm
 from scipy.stats import t as _t
 
+from trainopt.decide import dependence
 from trainopt.stats import intervals as stats
 from trainopt.stats import ranks
 
@@ -182,6 +189,13 @@ class SequentialRule:
             pairs' pseudo-median, the t-interval their mean log-ratio, and only the mean
             is bounded by the ratio of mean throughputs that a user's run pays for
             (see the module docstring). False: the rank interval alone.
+        dependence: Widen the t-interval for the serial dependence of the pairs
+            (``decide.dependence.inflation``: the effective-sample-size factor from their
+            bias-corrected lag-1 autocorrelation): the mean check that ``improved`` needs
+            (and, with ``t``, the reported interval), so drifting speed cannot make pairs
+            look more certain than they are. The rank interval is left as it is: it is
+            the reported one, and widening it too cost a further 2-3 points of power on two
+            +10 % wins for no fewer false wins. False: pairs taken as independent.
     """
 
     def __init__(
@@ -199,6 +213,7 @@ class SequentialRule:
         futility_confidence: float | None = 0.5,
         projection_confidence: float | None = 0.99,
         mean_agrees: bool = True,
+        dependence: bool = True,
     ):
         if pairs < 2 or max_pairs < pairs:
             raise ValueError(f"need 2 <= pairs <= max_pairs, got pairs={pairs}, max_pairs={max_pairs}")
@@ -219,6 +234,7 @@ class SequentialRule:
         self.futility_confidence = futility_confidence
         self.projection_confidence = projection_confidence
         self.mean_agrees = mean_agrees
+        self.dependence = dependence
         self.looks = self._plan(_schedule(self.pairs, self.max_pairs, growth), final_share, weight)
         self._by_n = {look.n: look for look in self.looks}
         # Guaranteed coverage of whatever interval is reported at the stop.
@@ -263,9 +279,15 @@ class SequentialRule:
         return stats.PairedInterval(math.exp(est), math.exp(low), math.exp(high), n, 1.0 - level, "hodges-lehmann", 1.0 - achieved)
 
     def _claimable(self, x: np.ndarray, look: Look) -> stats.PairedInterval:
-        """The spent interval at a look, relabelled with the rule's overall guarantee."""
+        """The spent interval at a look (a t-interval widened for serial dependence), relabelled with the rule's overall guarantee."""
         iv = self.interval_at(x, look.alpha)
+        if self.method == "t":
+            iv = _widened(iv, self._inflation(x))
         return stats.PairedInterval(iv.speedup, iv.low, iv.high, iv.n, self.confidence, iv.method, self.coverage)
+
+    def _inflation(self, x: np.ndarray) -> float:
+        """How much serial dependence of the pairs widens a claim's interval (1: none; ``decide.dependence``)."""
+        return dependence.inflation(x.tolist()) if self.dependence else 1.0
 
     def _verdict(self, x: np.ndarray, look: Look, iv: stats.PairedInterval) -> str:
         v = stats.verdict(iv, self.min_speedup)
@@ -281,7 +303,11 @@ class SequentialRule:
             # (at 2 % noise, 12 % false wins instead of 15 % for the 80/20 mixture at the
             # margin and 37 % instead of 48 % for 10 % slow pairs, for under half a point of
             # power at normal noise; benchmarks/search_verdicts.py --table skew).
-            mean = self.interval_at(x, look.alpha, "t")
+            # Serially dependent pairs (a speed that drifts over minutes) are worth fewer
+            # independent ones: the mean check is widened by their effective sample size
+            # (decide.dependence), which holds false wins at the margin to the budget up to
+            # lag-1 autocorrelation 0.3 (benchmarks/guard_verdicts.py --cases ar1).
+            mean = _widened(self.interval_at(x, look.alpha, "t"), self._inflation(x))
             if mean is None or stats.verdict(mean, self.min_speedup) != "improved":
                 return "inconclusive"
         return v
@@ -388,6 +414,16 @@ class SequentialRule:
         upper = mean + float(_t.ppf(self.projection_confidence, n - 1)) * sd / math.sqrt(n)
         projected_mean = (n * mean + (big - n) * upper) / big
         return projected_mean - float(_norm.ppf(1.0 - last / 2.0)) * sd / math.sqrt(big)
+
+
+def _widened(iv: stats.PairedInterval | None, factor: float) -> stats.PairedInterval | None:
+    """``iv`` with both half-widths (log scale, around its estimate) times ``factor``."""
+    if iv is None or factor <= 1.0 or not (iv.low > 0 and math.isfinite(iv.high)):
+        return iv
+    est = math.log(iv.speedup)
+    low = est - factor * (est - math.log(iv.low))
+    high = est + factor * (math.log(iv.high) - est)
+    return stats.PairedInterval(iv.speedup, math.exp(low), math.exp(high), iv.n, iv.confidence, iv.method, iv.coverage)
 
 
 # ---- unbiased figures -----------------------------------------------------------------

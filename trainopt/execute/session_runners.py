@@ -61,6 +61,7 @@ from trainopt.atomic import write_json_atomic
 from trainopt.contract.boundary import FORKSERVER_PARENT_VAR, child_environment
 from trainopt.contract.protocol import TrialRequest, TrialResult
 from trainopt.contract.session import SessionResult
+from trainopt.decide.machine import CUT_SPREAD, cut_allowed, starved_arms
 from trainopt.decide.session_plan import (
     FIRST_WINDOW_FAST,
     HOPELESS,
@@ -136,6 +137,11 @@ class InterleavedSessionRunner:
                  rewarm_share: float | None = None,
                  on_window: Callable[[int, list[list[int]]], None] | None = None):
         self.on_window = on_window
+        # The machine check (``execute.machine_probe.MachineProbe``); while its latest sample
+        # says busy, the early cut does not act (``decide.machine.cut_allowed``).
+        self.machine = None
+        # max/min of the incumbent's windows in the latest session (None before the first).
+        self._incumbent_spread: float | None = None
         self.aslr = aslr
         self.relocate = relocate
         self.host_ram_bytes = host_ram_bytes
@@ -235,6 +241,7 @@ class InterleavedSessionRunner:
             rounds = self.rounds or int(requests[0].spec["measure"]["windows"])
             orders: list[list[int]] = []
             retired: list[int] = []
+            note_held = ""
             cuttable = cuttable_arms([q.trial_id for q in requests], [q.settings for q in requests])
             for r, order in enumerate(round_orders(n, rounds, seed)):
                 ran = []
@@ -258,12 +265,29 @@ class InterleavedSessionRunner:
                     # only where it may act (a screen's candidates; see cuttable_arms).
                     rates = [[w["samples"] / w["elapsed_s"] for w in a.windows] if not a.failure else []
                              for a in arms]
-                    retired += [i for i in hopeless_arms(rates, cuttable) if i not in retired]
+                    busy = bool(self.machine is not None and self.machine.busy_now)
+                    hopeless = [i for i in hopeless_arms(rates, cuttable) if i not in retired]
+                    if cut_allowed(rates[0], busy, self._incumbent_spread):
+                        retired += hopeless
+                    elif hopeless and not note_held:
+                        note_held = ("the early cut did not act on a slow arm: " + ("the machine was busy" if busy else
+                                     f"the incumbent's windows spread more than {CUT_SPREAD:g}x"))
             note = ""
             if retired:
                 note = (f"arm{'s' if len(retired) > 1 else ''} {', '.join(map(str, sorted(retired)))} ran below "
                         f"{HOPELESS:.2f}x the incumbent (below {HOPELESS / FIRST_WINDOW_FAST:.2f}x after one window) "
                         f"and measured no further windows")
+            starved = ""
+            if readies := [a.ready for a in arms if a.ready]:
+                if readies[0].get("device_type") in (None, "cpu"):
+                    # Only arms that load their own data: one with loader workers waits for them.
+                    starved = starved_arms([(a.windows if not a.failure and not (q.settings.get("num_workers") or 0) else [],
+                                             (a.ready or {}).get("env", {}).get("torch_threads")) for a, q in zip(arms, requests)])
+            note = "; ".join(filter(None, [note, note_held, starved]))
+            first = [w["samples"] / w["elapsed_s"] for w in arms[0].windows] if not arms[0].failure else []
+            if len(first) >= 2 and min(first) > 0:
+                # The next session's cut after one window judges by this spread (one window has none).
+                self._incumbent_spread = max(first) / min(first)
             for arm in arms:
                 if not arm.failure:
                     arm.resume()

@@ -169,7 +169,8 @@ def search_summary(doc: dict[str, Any]) -> str:
     if kept:
         lines.append("kept: " + ", ".join(f"{d['knob']} {d['from']} -> {d['to']} ({d['speedup']:.3f}x"
                                           + ("; left out: trains differently" if d["knob"] in dropped else "") + ")"
-                                          for d in kept))
+                                          for d in kept)
+                     + " (each the typical pair's speedup: where a few pairs run much slower, the mean gain is lower)")
     else:
         lines.append("kept: nothing (no change was confirmed as faster)")
     lines += [f"run cost: {line}" for line in run_cost_lines(doc.get("run_costs"))]

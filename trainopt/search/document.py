@@ -199,6 +199,7 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
         "counts": {"trials_run": state.ran, "trials_reused": state.reused},
         "sessions": _sessions_summary(state),
         "stability": state.guard.to_dict() if state.guard is not None else None,
+        "machine": state.machine.to_dict() if state.machine is not None else None,
         "warnings": list(state.warnings),
     }
 

@@ -139,6 +139,11 @@ def final_warnings(state: SearchState, first_screen_rate: float | None) -> list[
         text = final_disagreement(state.final, kept, state.baseline.samples_per_s if state.baseline else None)
     if text:
         warnings.append(text)
+    from trainopt.decide import machine
+
+    noise = state.guard.noise_by_stage() if state.guard is not None else {}
+    warnings += machine.warnings(state.machine.to_dict() if state.machine is not None else None, noise,
+                                 [d.knob for d in state.decisions if d.kept])
     marked = [d for d in state.decisions if d.extra.get("unstable")]
     if marked or state.final.get("unstable"):
         what = ", ".join(f"{d.knob}={d.to_value}" for d in marked) + (" the final check" if state.final.get("unstable") else "")

@@ -18,6 +18,7 @@ from typing import Any
 from trainopt.contract.protocol import TrialResult
 from trainopt.decide import plan
 from trainopt.decide.confirmation import Confirmation, confirm
+from trainopt.decide.machine import held_back
 from trainopt.decide.screen import (
     MAX_CONFIRM,
     SCREEN_GATE,
@@ -239,5 +240,11 @@ class KnobStage:
             step_inc = median([x.step_time_s for x in conf.incumbent])
             judge_compile(d, compile_s, step_inc, iv.low, self.run_length_steps)
         if d.verdict != "improved":
+            return False
+        probe = self.broker.machine
+        held = held_back(knob, probe is not None and bool((probe.before or {}).get("busy") or probe.busy_now))
+        if held:
+            d.reason = f"{d.reason}; {held}"
+            d.extra["held_back"] = held
             return False
         return self.held_out.estimate(d, incumbent, settings, knob, stage)

@@ -64,6 +64,8 @@ class SearchState:
         ran: Trials run by this process.
         reused: Trials answered from the store.
         guard: The stability guard (its record goes into the results), or None.
+        machine: The machine check (``execute.machine_probe.MachineProbe``: other processes'
+            load before and during the search), or None.
         warnings: Warnings for the report, in order.
     """
 
@@ -89,6 +91,7 @@ class SearchState:
     ran: int = 0
     reused: int = 0
     guard: Any = None
+    machine: Any = None
     warnings: list[str] = field(default_factory=list)
 
     @classmethod

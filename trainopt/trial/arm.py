@@ -16,7 +16,7 @@ orchestrator -> arm
 arm -> orchestrator
     ``{"kind": "alive"}``  sent at once after the fork (start-up cost is measured to it)
     ``{"kind": "ready", ...}``  warm-up done: window_steps, rewarm_steps, warmup_s, compile_s, peak memory, env, ...
-    ``{"kind": "window", "elapsed_s", "steps", "samples", "data_wait_s", "last_loss", "rewarm_s"}``
+    ``{"kind": "window", "elapsed_s", "steps", "samples", "data_wait_s", "last_loss", "rewarm_s", "cpu_s"}``
     ``{"kind": "final", "peak_memory_bytes", "steps"}``
     ``{"kind": "failed", "status", "error"}``  oom, nonfinite, error or not_applicable; the arm then exits
 
@@ -214,12 +214,15 @@ class _Arm:
         rewarm_s = clock() - t
         trainer.data_wait = 0.0
         trainer.sync()
-        t0 = clock()
+        t0, c0 = clock(), time.process_time()
         for i in range(self.window_steps):
             trainer.step()
             self._host_read(i)
         trainer.sync()
         elapsed = clock() - t0
+        # This process's CPU time over the window, all its threads together: against the wall
+        # time x its threads, the share of the CPU it got (the machine check's evidence).
+        cpu_s = time.process_time() - c0
         wait = trainer.data_wait
         # Outside the timed region: the loss check and the memory sample cost nothing measured.
         last_loss = trainer.loss_value()
@@ -233,6 +236,7 @@ class _Arm:
             "data_wait_s": wait,
             "last_loss": last_loss,
             "rewarm_s": rewarm_s,
+            "cpu_s": cpu_s,
         }
 
     def final(self) -> dict[str, Any]:

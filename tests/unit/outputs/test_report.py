@@ -708,3 +708,28 @@ def test_the_report_snippet_writes_the_loop_the_trials_ran(tmp_path):
     page = write_report(lightning, doc).read_text().replace("&#34;", '"').replace("&#39;", "'")
     assert "return self.module.training_step(batch, batch_idx)" in page and "loss_fn" not in page
     assert "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # what configure_optimizers() built" in page
+
+
+def test_a_noisy_busy_machine_is_called_noisy_with_its_figure_and_the_check_is_shown(tmp_path):
+    doc = tiny_doc()
+    doc["stability"] = {"points": [], "unstable_periods": [], "noise_by_stage": {"amp": 0.05, "threads": 0.32},
+                        "retries": 0, "unstable_verdicts": 0}
+    doc["machine"] = {"before": {"busy": True, "reason": f"other processes used 1.00 of 2 CPUs ({XSS} 1.00)", "others": 1.0},
+                      "during": [{"busy": True, "others": 0.9, "reason": "other processes used 0.90 of 2 CPUs (yes 0.90)"},
+                                 {"busy": False, "others": 0.0, "reason": ""}]}
+    doc["sessions"] = {"interleaved": 3, "sequential": 0,
+                       "notes": ["arm 1 ran below 0.50x the incumbent (below 0.33x after one window) and measured no further windows"]}
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    card = re.search(r'<div class="label">Stability</div>\s*<div class="value">(.*?)</div>', html, re.S).group(1)
+    assert "noisy (window noise up to 32%)" in card and "steady" not in card
+    panel = re.search(r'<section id="stability">(.*?)</section>', html, re.S).group(1)
+    assert "Before the search: busy: other processes used 1.00 of 2 CPUs" in panel
+    assert "busy in 1 of 2 samples" in panel
+    assert "measured no further windows" in re.search(r'id="cut-early">(.*?)</p>', panel, re.S).group(1)
+    assert XSS not in html
+    # A quiet machine at normal noise is steady, and says nothing more.
+    doc["stability"]["noise_by_stage"] = {"amp": 0.05}
+    doc["machine"] = {"before": {"busy": False}, "during": []}
+    doc["sessions"]["notes"] = []
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert '<span class="good">steady</span>' in html and 'id="cut-early"' not in html

@@ -164,7 +164,9 @@ def test_two_confirmed_wins_both_reach_best_yaml(tmp_path, sd):
     handed = sum(h for _, h, _ in runs)
     assert all(k for k, h, _ in runs if h)
     assert handed >= 0.97 * kept_both, f"best.yaml held both in {handed} of {kept_both} searches keeping both"
-    assert kept_both / n >= (0.85 if sd == 0.09 else 0.95), f"both kept in {kept_both}/{n}"
+    # 85.8 % of 400 searches at 0.09 (89.8 % with the mean check not widened for serial
+    # dependence: the price of holding false wins under drifting speed; see docs/deciding.md).
+    assert kept_both / n >= (0.80 if sd == 0.09 else 0.95), f"both kept in {kept_both}/{n}"
     # The figure comes from the final check's pairs, which chose nothing but the contradiction test.
     reported = [doc["speedup"] for _, h, doc in runs if h]
     assert abs(statistics.fmean(reported) / 1.21 - 1) <= 0.02

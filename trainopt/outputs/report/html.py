@@ -260,7 +260,27 @@ def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
         f"{fmt_duration(a)} – {fmt_duration(b)}"
         for a, b in (x for x in info.get("unstable_periods") or [] if isinstance(x, (list, tuple)) and len(x) == 2)
     ]
+    from trainopt.decide import machine as machine_check
+
+    verdicts = info.get("unstable_verdicts", 0)
+    probe = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
+    before = probe.get("before") if isinstance(probe.get("before"), dict) else {}
+    during = [p for p in probe.get("during") or [] if isinstance(p, dict)]
+    machine_lines = []
+    if before:
+        machine_lines.append(f"Before the search: {'busy: ' + str(before.get('reason')) if before.get('busy') else 'quiet'}"
+                             + (f" (waited {fmt_duration(before.get('waited_s'))})" if number(before.get("waited_s")) else "") + ".")
+    if during:
+        busy = [p for p in during if p.get("busy")]
+        worst = max(busy, key=lambda p: number(p.get("others")) or 0) if busy else None
+        machine_lines.append(f"During the search: busy in {len(busy)} of {len(during)} samples"
+                             + (f" (at worst {worst.get('reason')})" if worst else "") + ".")
+    notes = (doc.get("sessions") or {}).get("notes") or []
     return {
+        "label": machine_check.noise_label({k: v for k, v in noise.items() if number(v) is not None}, verdicts if isinstance(verdicts, int) else 0),
+        "machine": machine_lines,
+        "cut_notes": [str(n) for n in notes if "measured no further windows" in str(n) or "early cut did not act" in str(n)
+                      or "other processes held the cores" in str(n)],
         "image": image,
         "sessions": sum(1 for p in points if not p.get("retry")),
         "retries": info.get("retries", 0),

@@ -1,0 +1,62 @@
+"""Sampling /proc for the machine check: a fake /proc tree, and the real one with a busy loop beside it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from trainopt.execute.machine_probe import MachineProbe, snapshot
+
+
+def write_proc(root, procs, load1):
+    root.mkdir(exist_ok=True)
+    (root / "stat").write_text("cpu 0 0 0 0\n")
+    (root / "loadavg").write_text(f"{load1} 0.5 0.5 1/100 999\n")
+    for pid, (name, ppid, ticks) in procs.items():
+        d = root / str(pid)
+        d.mkdir(exist_ok=True)
+        # pid (comm) state ppid ... utime(14) stime(15)
+        fields = ["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 20
+        (d / "stat").write_text(f"{pid} ({name}) " + " ".join(fields) + "\n")
+
+
+def test_a_fake_proc_tree_reads_names_with_spaces_and_parents(tmp_path):
+    root = tmp_path / "proc"
+    write_proc(root, {101: ("tmux: server", 1, 50), 102: ("yes", 101, 7)}, 0.4)
+    s = snapshot(root)
+    assert s["procs"][101] == ("tmux: server", 50) and s["procs"][102] == ("yes", 7)
+    assert s["load1"] == 0.4
+    assert snapshot(tmp_path / "nothing") is None
+
+
+def test_the_real_proc_counts_a_busy_loop_that_is_not_the_search_s():
+    if snapshot() is None:
+        return  # no /proc on this system: the check says nothing, which the CLI handles
+    # Started through a shell that exits at once, so the loop is no descendant of this
+    # process (not one of the search's own) and counts as another process.
+    out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True)
+    pid = int(out.stdout.strip())
+    try:
+        time.sleep(0.3)
+        probe = MachineProbe()
+        check = probe.check_before(1.0)
+        assert pid not in probe._last["own"]
+        before = probe.before
+        assert before["others"] >= 0.5 and check.busy, before
+        # The same interval with the loop counted as the search's own: about one CPU less.
+        from trainopt.decide.machine import other_load
+
+        first = snapshot()
+        time.sleep(1.0)
+        second = snapshot()
+        counted = other_load(first, second).others
+        mine = other_load(first, second, own=[pid]).others
+        assert counted - mine >= 0.5, (counted, mine)
+        assert probe.to_dict()["before"]["busy"]
+    finally:
+        import os
+        import signal
+
+        os.kill(pid, signal.SIGKILL)
