@@ -24,6 +24,8 @@ from pydantic import (
 
 from trainopt.contract import distributed as dist_mod
 from trainopt.contract.reference import REFERENCE_PATTERN
+from trainopt.contract.run_block import (DEFAULT_RUN_STEPS, OptionalDuration, RunCostsSection, RunSection, deprecation_notes,
+                                         run_plan, run_problems)
 from trainopt.errors import UserError
 from trainopt.knobs import catalog as knobs
 
@@ -172,6 +174,8 @@ class MeasureSection(_Strict):
     # windows of a diagnosed trial (the baseline, the final settings, ``trainopt measure``);
     # null: as many as one timed window; 0: no breakdown.
     breakdown_steps: int | None = Field(None, ge=0, le=100_000)
+    # The search's wall-time budget in seconds (written as 20m, 1h30m, ...); null: none.
+    time_budget: OptionalDuration = None
 
     @field_validator("max_pairs")
     @classmethod
@@ -189,18 +193,6 @@ class MeasureSection(_Strict):
             if v < need:
                 raise ValueError(f"must be at least {need} for confidence {confidence}: fewer pairs can never confirm a change")
         return v
-
-
-class RunCostsSection(_Strict):
-    """What the rest of a run costs: a checkpoint every N steps, an evaluation every M steps.
-
-    Measured once on the baseline (one checkpoint save, one evaluation pass) and reported
-    as a share of training time with the frequency that keeps it under 5 %. Advice only.
-    """
-
-    checkpoint_every_steps: int | None = Field(None, ge=1, le=10**12)
-    eval_every_steps: int | None = Field(None, ge=1, le=10**12)
-    eval_batches: int = Field(20, ge=1, le=100_000)
 
 
 class LimitsSection(_Strict):
@@ -253,7 +245,9 @@ class Spec(_Strict):
     limits: LimitsSection = LimitsSection()
     distributed: DistributedSection | None = None
     run_costs: RunCostsSection | None = None
-    run_length_steps: int = Field(100_000, ge=1, le=10**12)
+    run: RunSection | None = None
+    # Deprecated: run.steps says the same.
+    run_length_steps: int | None = Field(None, ge=1, le=10**12)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # The user's forward and loss, ``step(model, batch) -> loss``; trainopt keeps the rest.
     step: str | None = None
@@ -284,8 +278,13 @@ class Spec(_Strict):
         resolves (and fingerprints) exactly as it did before they existed.
         """
         out = self.model_dump(mode="json")
-        if out.get("step") is None:
-            out.pop("step", None)
+        for key in ("step", "run", "run_length_steps"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        if "run" in out:
+            out["run"] = {k: v for k, v in out["run"].items() if v is not None}
+        if out["measure"].get("time_budget") is None:
+            out["measure"].pop("time_budget")
         for key in ("collate", "datamodule", "name"):
             if out["data"].get(key) is None:
                 out["data"].pop(key, None)
@@ -304,6 +303,11 @@ class Spec(_Strict):
         resolved = self.resolved()
         # A left-out optimizer hashes as the default it was before it could come from the model.
         resolved.setdefault("optimizer", dict(DEFAULT_OPTIMIZER))
+        # The budget bounds the search, not what a trial measures (a resume with another budget
+        # reuses its trials); a spec silent on its run hashes as the length then assumed.
+        resolved["measure"].pop("time_budget", None)
+        if "run" not in resolved:
+            resolved.setdefault("run_length_steps", DEFAULT_RUN_STEPS)
         blob = json.dumps(resolved, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -311,6 +315,16 @@ class Spec(_Strict):
     def world_size(self) -> int:
         """Processes per trial: ``distributed.nproc_per_node``, or 1 without a ``distributed`` block."""
         return self.distributed.nproc_per_node if self.distributed else 1
+
+    @property
+    def notes(self) -> list[str]:
+        """Deprecated fields this spec uses, each with what to write instead."""
+        return deprecation_notes(self.run_length_steps)
+
+    @property
+    def run_plan(self) -> RunSection | None:
+        """The production run (``run_block.run_plan``)."""
+        return run_plan(self.run, self.run_length_steps)
 
     @property
     def batch_search(self) -> BatchSearch:
@@ -445,14 +459,6 @@ def spec_from_dict(data: Any, source: str | None = None, source_dir: Path | None
     return spec
 
 
-def _divisor_fix(eff: int, batch_size: int, field: str) -> str:
-    if eff % batch_size == 0:
-        return f"set {field} to {eff // batch_size} (= {eff} / batch_size {batch_size})"
-    divisors = [d for d in range(1, min(eff, 4096) + 1) if eff % d == 0]
-    shown = ", ".join(str(d) for d in divisors[:12]) + (", ..." if len(divisors) > 12 else "")
-    return f"batch_size {batch_size} does not divide {eff}; use a batch_size that does ({shown})"
-
-
 def _data_checks(spec: Spec) -> list[str]:
     """``data.name`` or ``data.datamodule``, or neither for a model that may be a LightningModule."""
     d = spec.data
@@ -471,7 +477,7 @@ def _data_checks(spec: Spec) -> list[str]:
 
 def _cross_checks(spec: Spec) -> list[str]:
     """Rules between fields: step against loss, the effective batch against the baseline and the search."""
-    problems = _data_checks(spec)
+    problems = _data_checks(spec) + run_problems(spec.run, spec.run_length_steps)
     if spec.step is not None and spec.loss != DEFAULT_LOSS:
         problems.append(
             f"step: {spec.step!r} computes the loss itself, so loss {spec.loss!r} would never be used; "
@@ -487,7 +493,7 @@ def _cross_checks(spec: Spec) -> list[str]:
             if eff % world:
                 fix = f"with {world} ranks, use a limits.effective_batch that is a multiple of {world}"
             else:
-                fix = _divisor_fix(eff // world, b["batch_size"], "baseline.grad_accum")
+                fix = dist_mod.divisor_fix(eff // world, b["batch_size"], "baseline.grad_accum")
                 if world > 1:
                     fix += f" (per rank: limits.effective_batch {eff} / {world} ranks = {eff // world})"
             problems.append(
