@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from trainopt.contract.distributed import grad_accum_for
 
-__all__ = ["BatchSizeSearch", "throughput_candidates", "Probe"]
+__all__ = ["BatchSizeSearch", "throughput_candidates", "Probe", "MEMORY_FREED", "MEMORY_KNOBS", "second_pass_possible",
+           "stopped_at_memory_edge", "memory_freed"]
 
 
 @dataclass(frozen=True)
@@ -188,3 +189,50 @@ def throughput_candidates(
         target = lo + (hi - lo) * i / max(1, max_candidates - 1)
         picks.add(min(ordered, key=lambda s: abs(math.log(s) - target)))
     return sorted(picks)[:max_candidates] if len(picks) > max_candidates else sorted(picks)
+
+
+# The second batch pass. The batch size is decided first, at the baseline's precision and
+# layout; a change kept later (autocast, compile, channels-last) can lower the memory a
+# sample takes, and then a larger batch fits than the first pass could probe.
+
+# A kept change frees memory when the peak it measured is at least this much lower than its
+# incumbent's at the same batch size: peaks of one setting differ by a few per cent between
+# processes (allocator caching, loader workers sampled at window edges).
+MEMORY_FREED = 0.05
+
+# Knobs whose changes can lower the memory a sample takes.
+MEMORY_KNOBS = ("amp", "compile", "channels_last")
+
+
+def second_pass_possible(search_knobs: list[str] | tuple[str, ...] | set[str] | dict) -> bool:
+    """Whether a search over these knobs may run a second batch pass (its error budget is counted from the start)."""
+    return "batch_size" in search_knobs and any(k in search_knobs for k in MEMORY_KNOBS)
+
+
+def stopped_at_memory_edge(probes: list[dict]) -> bool:
+    """Whether the batch stage's probes ran out of memory (the largest fitting size was set by memory)."""
+    return any(not p.get("fits") and p.get("status") == "oom" for p in probes)
+
+
+def memory_freed(decisions: list[dict]) -> dict | None:
+    """The kept change after the batch stage that lowered peak memory per sample most, or None.
+
+    Args:
+        decisions: The decisions made after the batch stage, as plain dicts with ``knob``,
+            ``kept``, ``from``, ``to``, ``before_peak_memory_bytes`` and ``after_peak_memory_bytes``
+            (the incumbent's and the candidate's peaks at the same batch size).
+
+    Returns:
+        ``{knob, from, to, before_peak_memory_bytes, after_peak_memory_bytes, ratio}`` of the
+        kept change with the lowest peak ratio, when it is at most ``1 - MEMORY_FREED``.
+    """
+    best = None
+    for d in decisions:
+        before, after = d.get("before_peak_memory_bytes"), d.get("after_peak_memory_bytes")
+        if not d.get("kept") or d.get("knob") == "batch_size" or not before or not after:
+            continue
+        ratio = after / before
+        if ratio <= 1.0 - MEMORY_FREED and (best is None or ratio < best["ratio"]):
+            best = {"knob": d.get("knob"), "from": d.get("from"), "to": d.get("to"),
+                    "before_peak_memory_bytes": before, "after_peak_memory_bytes": after, "ratio": ratio}
+    return best
