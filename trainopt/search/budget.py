@@ -26,7 +26,8 @@ class TimeBudget:
     Args:
         budget_s: The budget in seconds (None: no budget, every stage starts).
         state: The search's state; stages left out go into its ``not_tried``.
-        price: Expected seconds of a stage by knob name (None: not priced yet, so it starts).
+        price: Expected seconds of a stage by knob name (None: not priced yet; it starts while
+            time is left).
         reserve: Expected seconds of what must still follow every stage (the final check).
         clock: The time source (seconds); the budget counts from this object's creation.
     """
@@ -50,10 +51,11 @@ class TimeBudget:
         if left is None:
             return True
         eta = self.price(knob)
-        if eta is None:
-            return True
-        need = eta + (self.reserve() or 0.0)
-        if need <= left:
+        if eta is not None and eta <= 0:
+            return True  # runs nothing here (no candidate applies on this device): only recorded
+        # Not priced yet (no trial has finished): the stage starts while any time is left.
+        need = (eta or 0.0) + (self.reserve() or 0.0)
+        if need <= left and left > 0:
             return True
         self.state.not_tried.append({
             "knob": knob, "stage": stage, "reason": NOT_TRIED, "eta_s": eta, "left_s": max(0.0, left),

@@ -123,3 +123,12 @@ def test_the_final_checks_reserve_counts_and_no_budget_starts_everything(tmp_pat
     spec = _spec(tmp_path / "b", search=knobs)
     doc = Search(spec, tmp_path / "b", FakeRunner({("amp", "bf16"): 1.3}, **QUIET), MemoryStore()).run()
     assert doc["time_budget"] is None and [d["kept"] for d in doc["decisions"]] == [True]
+
+
+def test_a_stage_that_runs_nothing_here_is_recorded_whatever_the_budget(tmp_path):
+    # pin_memory does not apply on a CPU: its stage costs nothing and only records that.
+    search, runner = _budgeted(tmp_path, 1, {"pin_memory": 0.0, "amp": 900.0}, 50.0,
+                               {"pin_memory": [False, True], "amp": ["off", "bf16"]})
+    doc = search.run()
+    assert [n["knob"] for n in doc["time_budget"]["not_tried"]] == ["amp"]
+    assert [d["verdict"] for d in doc["decisions"]] == ["not_applicable"]

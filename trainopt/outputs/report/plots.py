@@ -67,7 +67,7 @@ def _legend(fig, handles, labels=None) -> None:
     # Below the axes, never over the data, whatever the data looks like.
     if not handles:
         return
-    kwargs = {"loc": "outside lower center", "fontsize": 8, "frameon": False, "ncols": min(len(handles), 4)}
+    kwargs = {"loc": "outside lower center", "fontsize": 8, "frameon": False, "ncols": min(len(handles), 4 if len(handles) <= 4 else 3)}
     if labels is None:
         fig.legend(handles=handles, **kwargs)
     else:
@@ -307,7 +307,7 @@ def _second_pass_lines(doc: dict[str, Any], ax: Any, mem_ax: Any) -> list[Any]:
     if points:
         xs = sorted(points)
         (line,) = ax.plot(xs, [statistics.median(points[s]) for s in xs], color=ACCENT, marker="^", linestyle=":",
-                          linewidth=2, label=f"throughput, second pass ({after})", zorder=4)
+                          linewidth=2, label=f"second pass ({after}): throughput", zorder=4)
         handles.append(line)
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], max(max(v) for v in points.values()) * 1.15))
     probes = (doc.get("batch_size") or {}).get("second_pass", {}).get("probes") or []
@@ -316,7 +316,7 @@ def _second_pass_lines(doc: dict[str, Any], ax: Any, mem_ax: Any) -> list[Any]:
     if mem:
         target = mem_ax if mem_ax is not None else ax
         (mline,) = target.plot([m[0] for m in mem], [m[1] for m in mem], color=MEMORY, marker="^", linestyle=":",
-                               label=f"peak memory, second pass ({after})")
+                               label="second pass: peak memory (probe)")
         handles.append(mline)
         target.set_ylim(bottom=0, top=max(target.get_ylim()[1], max(m[1] for m in mem) * 1.2))
     return handles
