@@ -1,7 +1,7 @@
 """The batch-size stage: real memory probes, then throughput candidates through a ``KnobStage``.
 
 A second pass repeats both from the final incumbent when the first stopped at a memory
-edge and a change kept later freed memory per sample (``second_pass_reason``).
+edge, a change was kept later, and a probe shows that edge fits now (``second_pass_reason``).
 """
 
 from __future__ import annotations
@@ -100,20 +100,32 @@ def run_batch_stage(spec: Any, stage: KnobStage, incumbent: dict[str, Any], data
     return adopted
 
 
-def second_pass_reason(batch_info: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Why a second batch pass is due: the change kept after the batch stage that freed memory, or None.
+def second_pass_reason(spec: Any, stage: KnobStage, incumbent: dict[str, Any], batch_info: dict[str, Any],
+                       later: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why a second batch pass is due, measured: the kept change and the probe that shows memory freed, or None.
 
-    Due when the first pass stopped at a memory edge (a probe ran out of memory) and a change
-    kept after it lowered the peak memory per sample (``batch.memory_freed``).
+    Due when the first pass stopped at a memory edge (a probe ran out of memory), a change
+    was kept after it, and one probe of the incumbent at that edge now fits. The probe is
+    recorded in ``batch_info["edge_probe"]`` either way.
     """
-    if not batch_info or batch_info.get("second_pass") or not batch_mod.stopped_at_memory_edge(batch_info.get("probes") or []):
+    if not batch_info or batch_info.get("second_pass") or batch_info.get("edge_probe"):
         return None
-    return batch_mod.memory_freed(later)
+    edge = batch_mod.memory_edge(batch_info.get("probes") or [])
+    change = batch_mod.freeing_change(later)
+    if edge is None or change is None or incumbent["batch_size"] >= edge:
+        return None
+    settings = plan.with_knob(incumbent, "batch_size", edge)
+    r = stage.broker.trial(settings, stage="batch", knob="batch_size", role="probe", tag=f"edge-{edge}", mode="probe")
+    batch_info["edge_probe"] = {"size": edge, "fits": r.ok, "status": r.status, "peak_memory_bytes": r.peak_memory_bytes,
+                                "error": r.error, "after": change}
+    return {**change, "edge": edge, "edge_peak_memory_bytes": r.peak_memory_bytes} if r.ok else None
 
 
 def run_second_batch_pass(spec: Any, stage: KnobStage, incumbent: dict[str, Any], dataset_len: int | None,
                           batch_info: dict[str, Any], freed: dict[str, Any]) -> dict[str, Any]:
     """Probe the largest fitting batch again from the new incumbent, then screen and confirm the larger sizes.
+
+    The first pass's edge fits now (``second_pass_reason``), so the probes start there.
 
     The same probes and the same screen-and-confirm rule as the first pass; its decisions are
     marked ``extra.batch_pass = 2`` and its figures go into ``batch_info["second_pass"]``.
@@ -124,7 +136,7 @@ def run_second_batch_pass(spec: Any, stage: KnobStage, incumbent: dict[str, Any]
         incumbent: The incumbent now (the change that freed memory among its settings).
         dataset_len: The data set's length, when known.
         batch_info: The search state's ``batch_info`` (the first pass's figures).
-        freed: The kept change that freed memory (``batch.memory_freed``).
+        freed: The kept change that freed memory and the edge that now fits (``second_pass_reason``).
 
     Returns:
         The new incumbent.
@@ -132,9 +144,10 @@ def run_second_batch_pass(spec: Any, stage: KnobStage, incumbent: dict[str, Any]
     bs = spec.batch_search
     eff = spec.limits.effective_batch
     maximum = min(bs.max, dataset_len) if dataset_len else bs.max
-    finder, probes, _ = _probe(spec, stage, incumbent, maximum, False, 2)
+    # From the edge that now fits: the ladder above it, then bisection; the incumbent's size fits.
+    finder, probes, _ = _probe(spec, stage, plan.with_knob(incumbent, "batch_size", freed["edge"]), maximum, False, 2)
     safe = finder.safe_maximum
-    info: dict[str, Any] = {"start": incumbent["batch_size"], "limit": maximum, "max_fitting": finder.largest_fitting,
+    info: dict[str, Any] = {"start": incumbent["batch_size"], "probed_from": freed["edge"], "limit": maximum, "max_fitting": finder.largest_fitting,
                             "safe_max": safe, "margin": bs.margin, "probes": probes, "freed_by": freed, "adopted": None}
     batch_info["second_pass"] = info
     cands = _candidates(spec, incumbent, safe) if safe is not None else []

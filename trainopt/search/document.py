@@ -45,7 +45,11 @@ Schema (``schema_version`` 1)::
               peak_memory_bytes, step_time_s, data_wait_fraction, windows, steady_from,
               steady, compile_s, warmup_s, wall_s, error, log}]
     batch_size: {start, limit, max_fitting, safe_max, margin, probes: [{size, fits, status,
-                 peak_memory_bytes}], lr_hint, probe_items?}
+                 peak_memory_bytes, pass}], lr_hint, probe_items?, edge_probe?, second_pass?}
+                                 # edge_probe: {size, fits, status, peak_memory_bytes, after}: the
+                                 # incumbent at the first pass's out-of-memory size after a kept change;
+                                 # second_pass: {start, probed_from, limit, max_fitting, safe_max, margin,
+                                 # probes (pass 2), freed_by, adopted} when that size fitted
                                  # probe_items: each probe batch held the largest items of a
                                  # sample: {sampled, dataset_len, largest, median, smallest,
                                  # in_batch, unit, batch_size} (of the largest probe)

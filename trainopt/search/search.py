@@ -155,16 +155,19 @@ class Search:
         return self._checkpoint(complete=True)
 
     def _second_batch_pass(self, incumbent: dict[str, Any]) -> dict[str, Any]:
-        """The batch stage again from the incumbent, when it stopped at a memory edge and a later kept change freed memory."""
+        """The batch stage again from the incumbent, when it stopped at a memory edge and the edge fits after a later kept change."""
         state = self.state
         if self._batch_done is None:
             return incumbent
         later = [{**d.to_dict(), "from": d.from_value, "to": d.to_value} for d in state.decisions[self._batch_done:]]
-        freed = second_pass_reason(state.batch_info, later)
-        if freed is None or not self.budget.allows("batch_size", "batch (second pass)"):
+        if batch_mod.memory_edge(state.batch_info.get("probes") or []) is None or batch_mod.freeing_change(later) is None:
             return incumbent
-        self.progress.stage("batch", f"batch_size again: {freed['knob']} {freed['to']} lowered peak memory to "
-                                     f"{freed['ratio']:.0%}")
+        if not self.budget.allows("batch_size", "batch (second pass)"):
+            return incumbent
+        freed = second_pass_reason(self.spec, self.stage, incumbent, state.batch_info, later)
+        if freed is None:
+            return incumbent
+        self.progress.stage("batch", f"batch_size again: batch {freed['edge']} fits after {freed['knob']} {freed['to']}")
         incumbent = run_second_batch_pass(self.spec, self.stage, incumbent, state.baseline.dataset_len, state.batch_info, freed)
         self.eta.incumbent = incumbent
         self._checkpoint(complete=False)

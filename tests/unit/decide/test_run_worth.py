@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainopt.decide.batch import memory_freed, second_pass_possible, stopped_at_memory_edge
+from trainopt.decide.batch import freeing_change, memory_edge, second_pass_possible
 from trainopt.decide.run_costs import run_steps, run_worth, samples_per_step
 
 
@@ -62,18 +62,22 @@ def test_run_steps_for_the_compile_judgement():
 
 def test_second_pass_conditions():
     assert second_pass_possible({"batch_size": {}, "amp": ["off", "bf16"]})
-    assert not second_pass_possible({"batch_size": {}, "num_workers": [0, 2]})
+    assert second_pass_possible({"batch_size": {}, "num_workers": [0, 2]})
+    assert not second_pass_possible({"batch_size": {}})
     assert not second_pass_possible({"amp": ["off", "bf16"]})
-    assert stopped_at_memory_edge([{"size": 32, "fits": True}, {"size": 64, "fits": False, "status": "oom"}])
+    assert memory_edge([{"size": 32, "fits": True}, {"size": 96, "fits": False, "status": "oom"},
+                        {"size": 64, "fits": False, "status": "oom"}]) == 64
     # A crash is not a memory edge.
-    assert not stopped_at_memory_edge([{"size": 64, "fits": False, "status": "crashed"}])
+    assert memory_edge([{"size": 64, "fits": False, "status": "crashed"}]) is None
     mib = 2**20
     kept = {"knob": "amp", "kept": True, "from": "off", "to": "bf16", "before_peak_memory_bytes": 100 * mib}
-    assert memory_freed([{**kept, "after_peak_memory_bytes": 94 * mib}])["ratio"] == pytest.approx(0.94)
-    # Under the threshold (a few per cent is noise between processes), not kept, or a batch change: none.
-    assert memory_freed([{**kept, "after_peak_memory_bytes": 96 * mib}]) is None
-    assert memory_freed([{**kept, "kept": False, "after_peak_memory_bytes": 50 * mib}]) is None
-    assert memory_freed([{**kept, "knob": "batch_size", "after_peak_memory_bytes": 50 * mib}]) is None
-    best = memory_freed([{**kept, "after_peak_memory_bytes": 80 * mib},
-                         {**kept, "knob": "compile", "to": "default", "after_peak_memory_bytes": 60 * mib}])
+    change = freeing_change([{**kept, "after_peak_memory_bytes": 94 * mib}])
+    assert change["ratio"] == pytest.approx(0.94) and change["lowered"]
+    # Under the threshold (a few per cent is noise between processes) it is the change, not shown lowering.
+    assert freeing_change([{**kept, "after_peak_memory_bytes": 96 * mib}])["lowered"] is False
+    assert freeing_change([{**kept, "kept": False, "after_peak_memory_bytes": 50 * mib}]) is None
+    assert freeing_change([{**kept, "knob": "batch_size", "after_peak_memory_bytes": 50 * mib}]) is None
+    best = freeing_change([{**kept, "after_peak_memory_bytes": 80 * mib},
+                           {**kept, "knob": "compile", "to": "default", "after_peak_memory_bytes": 60 * mib}])
     assert best["knob"] == "compile"
+    assert freeing_change([{**kept, "before_peak_memory_bytes": None, "after_peak_memory_bytes": None}])["ratio"] is None

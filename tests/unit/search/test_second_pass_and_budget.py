@@ -31,11 +31,14 @@ def test_a_kept_change_that_halves_memory_per_sample_earns_a_larger_batch_in_a_s
     assert (info["max_fitting"], info["safe_max"]) == (296, 264)
     second = info["second_pass"]
     assert second["freed_by"]["knob"] == "amp" and second["freed_by"]["ratio"] == 0.5
-    assert second["start"] == 264 and second["max_fitting"] == 600 and second["safe_max"] == 536
+    assert second["start"] == 264 and second["probed_from"] == 304 and second["max_fitting"] == 584 and second["safe_max"] == 520
     assert all(p["pass"] == 2 for p in second["probes"]) and all(p["pass"] == 1 for p in info["probes"])
     # Every second-pass probe holds the change that freed the memory.
     sizes = [r.settings["batch_size"] for r in runner.requests if r.mode == "probe" and r.settings["amp"] == "bf16"]
-    assert sizes == [p["size"] for p in second["probes"]]
+    # First one probe at the first pass's edge, which fits now; then the probes from there.
+    edge = info["edge_probe"]
+    assert edge["size"] == min(p["size"] for p in info["probes"] if not p["fits"]) and edge["fits"]
+    assert sizes == [edge["size"]] + [p["size"] for p in second["probes"]]
     passes = [(d["to"], d["kept"], d["extra"].get("batch_pass")) for d in doc["decisions"] if d["knob"] == "batch_size"]
     assert (264, True, None) in passes and (512, True, 2) in passes
     assert doc["best"]["settings"]["batch_size"] == 512 and doc["best"]["settings"]["amp"] == "bf16"
@@ -47,7 +50,7 @@ def test_a_kept_change_that_halves_memory_per_sample_earns_a_larger_batch_in_a_s
     stages = {r["stage"] for r in speedup_rows(doc) if r["knob"] == "batch_size"}
     assert stages == {"batch", "batch (second pass)"}
     html = render_html(doc, {}, tmp_path)
-    assert 'id="batch-second-pass"' in html and "amp off → bf16 lowered peak memory" in html
+    assert 'id="batch-second-pass"' in html and f"batch size {edge['size']} ran out of memory in the first pass" in html
 
 
 def test_no_second_pass_without_a_memory_edge_or_without_freed_memory(tmp_path):
@@ -60,6 +63,8 @@ def test_no_second_pass_without_a_memory_edge_or_without_freed_memory(tmp_path):
     doc = Search(_spec(tmp_path / "b"), tmp_path / "b", runner, MemoryStore()).run()
     assert [d["kept"] for d in doc["decisions"] if d["knob"] == "amp"] == [True]
     assert "second_pass" not in doc["batch_size"]
+    # Measured, not assumed: one probe at the edge, which still runs out of memory.
+    assert doc["batch_size"]["edge_probe"]["fits"] is False and doc["batch_size"]["edge_probe"]["status"] == "oom"
     assert all(d["extra"].get("batch_pass") is None for d in doc["decisions"])
 
 

@@ -17,10 +17,13 @@ def second_pass_context(info: dict[str, Any]) -> dict[str, Any] | None:
         return None
     freed = second.get("freed_by") or {}
     ratio = freed.get("ratio")
+    peaks = ""
+    if isinstance(ratio, (int, float)):
+        peaks = (f"; its peak memory against its incumbent's: {fmt_bytes(freed.get('after_peak_memory_bytes'))} "
+                 f"against {fmt_bytes(freed.get('before_peak_memory_bytes'))} ({fmt_percent(ratio)})")
     return {
-        "why": (f"{freed.get('knob')} {format_value(freed.get('from'))} → {format_value(freed.get('to'))} lowered peak memory "
-                f"from {fmt_bytes(freed.get('before_peak_memory_bytes'))} to {fmt_bytes(freed.get('after_peak_memory_bytes'))}"
-                + (f" ({fmt_percent(ratio)} of it)" if isinstance(ratio, (int, float)) else "")),
+        "why": (f"batch size {freed.get('edge')} ran out of memory in the first pass and fits after "
+                f"{freed.get('knob')} {format_value(freed.get('from'))} → {format_value(freed.get('to'))}{peaks}"),
         "start": second.get("start"),
         "max_fitting": second.get("max_fitting"),
         "safe_max": second.get("safe_max"),
