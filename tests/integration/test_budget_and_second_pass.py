@@ -69,35 +69,39 @@ def test_a_deprecated_run_length_gets_a_note_and_no_run_block_gives_time_per_100
 PLANTED = ROOT / "tests" / "fixtures" / "memory_planted.py"
 
 
-def test_bf16_frees_memory_under_a_real_cap_and_the_batch_is_searched_again(tmp_path, cli_env):
-    spec = {
+def memory_planted_spec() -> dict:
+    """The workload of benchmarks/RESULTS.md's second-pass figures."""
+    return {
         "name": "memory-planted",
         "device": "cpu",
-        "model": {"name": f"{PLANTED}:wide_mlp_with_fixed_cost"},
-        "data": {"name": f"{PLANTED}:in_memory_tabular", "args": {"size": 8192}},
+        "model": {"name": f"{PLANTED}:wide_mlp_with_fixed_cost", "args": {"features": 256, "fixed": 256, "host_ms": 300}},
+        "data": {"name": f"{PLANTED}:in_memory_tabular", "args": {"size": 8192, "features": 256}},
         "loss": "cross_entropy",
         "optimizer": {"name": "sgd", "args": {"lr": 0.05}},
         "baseline": {"batch_size": 1024, "threads": 1},
         "search": {"batch_size": {"max": 8192, "max_candidates": 2}, "amp": ["off", "bf16"]},
         "search_order": "as_written",
-        # An address-space cap: float32 runs out of memory at 8192 samples, bf16 fits them.
-        "limits": {"memory_gb": 1.25},
+        # An address-space cap: float32 runs out of memory below 4096 samples, bf16 fits them.
+        "limits": {"memory_gb": 1.1},
+        "run": {"steps": 100000, "device_hour_cost": 2.5, "currency": "USD"},
         "measure": {"warmup_steps": 2, "warmup_seconds": 0.2, "window_seconds": 0.3, "windows": 4,
                     "trial_timeout_s": 120, **FAST},
     }
-    proc, doc, out = _search(spec, tmp_path, cli_env)
+
+
+def test_bf16_frees_memory_under_a_real_cap_and_the_batch_is_searched_again(tmp_path, cli_env):
+    proc, doc, out = _search(memory_planted_spec(), tmp_path, cli_env)
     first = doc["batch_size"]
-    assert any(p["status"] == "oom" for p in first["probes"])
+    oom_fp32 = min(p["size"] for p in first["probes"] if not p["fits"] and p["status"] == "oom")
     amp = [d for d in doc["decisions"] if d["knob"] == "amp"]
     assert [d["kept"] for d in amp] == [True], amp
+    # One real probe under the same cap: bf16 fits the size that ran float32 out of memory.
+    edge = first["edge_probe"]
+    assert edge["size"] == oom_fp32 and edge["fits"] and edge["after"]["knob"] == "amp"
+    assert [t["settings"]["amp"] for t in doc["trials"] if t["tag"] == f"edge-{oom_fp32}"] == ["bf16"]
     second = first["second_pass"]
-    assert second["freed_by"]["knob"] == "amp" and second["freed_by"]["ratio"] <= 0.95
-    # Real probes under the same cap: bf16 fits a batch that float32 could not.
-    oom_fp32 = min(p["size"] for p in first["probes"] if not p["fits"])
-    assert second["max_fitting"] >= oom_fp32 > first["max_fitting"]
-    assert all(t["settings"]["amp"] == "bf16" for t in doc["trials"] if t["role"] == "probe"
-               and t["settings"]["batch_size"] == second["max_fitting"])
-    rows = (out / "speedups.csv").read_text()
-    assert "batch (second pass)" in rows
-    html = (out / "report.html").read_text()
-    assert 'id="batch-second-pass"' in html
+    assert second["probed_from"] == oom_fp32 and second["max_fitting"] > first["max_fitting"]
+    assert all(p["pass"] == 2 for p in second["probes"])
+    assert any(d["extra"].get("batch_pass") == 2 for d in doc["decisions"])
+    assert "batch (second pass)" in (out / "speedups.csv").read_text()
+    assert 'id="batch-second-pass"' in (out / "report.html").read_text()

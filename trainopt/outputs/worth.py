@@ -73,7 +73,9 @@ def worth_lines(worth: dict[str, Any] | None) -> list[str]:
             lines.append(f"note: no run figures: {worth['note']}")
         return lines
     line = f"the run ({_length(worth)}): {fmt_hours(worth.get('baseline_hours'))} at the baseline"
-    if rec:
+    if rec and not saved.get("estimate") and saved.get("low") is None:
+        line += "; the baseline stays, nothing saved"
+    elif rec:
         line += f" -> {_range(rec, fmt_hours)} recommended; {_range(saved, fmt_hours)} saved"
     lines = [line]
     money = worth.get("money")
@@ -81,7 +83,7 @@ def worth_lines(worth: dict[str, Any] | None) -> list[str]:
     if money:
         line = (f"its cost at {fmt_money(money.get('device_hour_cost'), cur)} per device-hour: "
                 f"{fmt_money(money.get('baseline'), cur)} at the baseline")
-        if money.get("recommended"):
+        if money.get("recommended") and money.get("saved", {}).get("estimate"):
             line += (f" -> {_range(money['recommended'], lambda v: fmt_money(v, cur))} recommended; "
                      f"{_range(money.get('saved'), lambda v: fmt_money(v, cur))} saved")
         lines.append(line)

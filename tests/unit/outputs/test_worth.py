@@ -42,6 +42,9 @@ def test_a_search_that_saves_nothing_or_does_not_pay_back_within_the_run():
     assert slower[-1].endswith("the recommended settings save no time")
     long = worth_lines(_worth({"steps": 1000}, speedup=1.1, ci=(1.05, 1.2), search_s=3600.0))
     assert "pays for itself only after" in long[-1] and "more than the run's 1,000" in long[-1]
+    stays = worth_lines(_worth({"steps": 1000, "device_hour_cost": 1.0}, speedup=1.0, ci=None))
+    assert stays[0] == "the run (1,000 steps): 1.7 min at the baseline; the baseline stays, nothing saved"
+    assert stays[1] == "its cost at 1.00 per device-hour: 0.03 at the baseline"
     assert fmt_hours(0.25) == "15.0 min" and fmt_hours(30) == "30.0 h" and fmt_hours(None) == "—"
 
 
