@@ -9,8 +9,11 @@ The parts, each in its own module: the ``TrialBroker`` keys, caches and runs tri
 ``HeldOutSessions`` for the held-out figure of a kept change; ``run_batch_stage`` probes
 memory first; ``confirmation.confirm`` is the pair loop behind a swappable
 ``DecisionRule``; ``final_check`` compares the final settings with the baseline; the
-``SearchEta`` counts what is left. Everything found goes into a plain ``SearchState``,
-from which ``document.build_results`` makes the results document. Every trial has a
+``SearchEta`` counts what is left; a ``TimeBudget`` starts a stage only when it and the
+final check fit the time left; after the last knob, ``run_second_batch_pass`` searches the
+batch size again when a later kept change made the first pass's out-of-memory size fit.
+Everything found goes into a plain ``SearchState``, from which ``document.build_results``
+makes the results document. Every trial has a
 deterministic key, so an interrupted search resumes by simply running again. Nothing here
 imports torch: trials run through a ``Runner`` and come back as ``TrialResult``.
 """
