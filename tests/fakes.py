@@ -55,7 +55,10 @@ are serially dependent. Both take draws from generators of their own.
 
 ``tail`` sets the shape of every draw (``normal``, ``t3`` scaled to the same sd, or
 ``contaminated``: 90 % normal, 10 % five times wider, scaled to the same sd). Probes
-(``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it.
+(``mode="probe"``) fit while ``batch_size <= fits_up_to`` and report OOM above it;
+``memory`` plants settings that take less (or more) memory per sample: ``{(knob, value):
+factor}`` scales every trial's peak memory and the size that fits (``batch_size x factor
+<= fits_up_to``), as autocast's lower activation memory does.
 """
 
 from __future__ import annotations
@@ -225,6 +228,7 @@ class FakeRunner:
         trains: Mapping[tuple[str, Any], str] | None = None,
         offsets: tuple[float, float] | None = None,
         drift: tuple[float, float] | None = None,
+        memory: Mapping[tuple[str, Any], float] | None = None,
     ):
         self.trains = dict(trains or {})
         self.offsets, self.drift = offsets, drift
@@ -232,6 +236,7 @@ class FakeRunner:
         self.drift_rng = random.Random(seed * 15485863 + 5)
         self._drift_state: dict[str, float] = {}
         self.step, self.first_window, self.early_cut = step, first_window, early_cut
+        self.memory = dict(memory or {})
         self.effects = dict(effects or {})
         self.beside = list(beside or [])
         self.skewed = dict(skewed or {})
@@ -256,6 +261,18 @@ class FakeRunner:
             if settings.get(knob) == value:
                 speed *= factor
         return speed
+
+    def memory_factor(self, settings: dict[str, Any]) -> float:
+        """Memory per sample of these settings relative to the plain ones (``memory``)."""
+        factor = 1.0
+        for (knob, value), f in self.memory.items():
+            if settings.get(knob) == value:
+                factor *= f
+        return factor
+
+    def peak(self, settings: dict[str, Any]) -> int:
+        """The peak memory a trial of these settings reports."""
+        return int(settings.get("batch_size", 1) * 2**20 * self.memory_factor(settings))
 
     def context(self, settings: dict[str, Any], others: list[dict[str, Any]]) -> float:
         """The factor of the ``beside`` effects on an arm of ``settings`` in a session with arms of ``others``."""
@@ -316,7 +333,7 @@ class FakeRunner:
 
     def _failure(self, request: TrialRequest) -> TrialResult | None:
         s = request.settings
-        if s.get("batch_size", 0) > self.fits_up_to:
+        if s.get("batch_size", 0) * self.memory_factor(s) > self.fits_up_to:
             return TrialResult(status="oom", settings=s, mode=request.mode, error="fake out of memory", env=ENV)
         for (knob, value), status in self.fail.items():
             if s.get(knob) == value:
@@ -334,7 +351,7 @@ class FakeRunner:
             windows = [speed] * self.n_windows
         return TrialResult(
             status="ok", settings=s, mode="measure", samples_per_s=speed, windows=windows, window_steps=10,
-            step_time_s=batch / speed, data_wait_fraction=self.wait, peak_memory_bytes=batch * 2**20,
+            step_time_s=batch / speed, data_wait_fraction=self.wait, peak_memory_bytes=self.peak(s),
             env=ENV, dataset_len=4096, steps=10 * len(windows),
             breakdown=self._diagnosed(self.breakdown, request), run_costs=self._diagnosed(self.run_costs, request),
         )
@@ -355,7 +372,7 @@ class FakeRunner:
             return failed
         s = request.settings
         if request.mode == "probe":
-            return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=s.get("batch_size", 1) * 2**20,
+            return TrialResult(status="ok", settings=s, mode="probe", peak_memory_bytes=self.peak(s),
                                env=ENV, dataset_len=4096)
         if request.mode == "train":
             return training_result(request, self.trains)

@@ -42,11 +42,23 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
     return code
 
 
+def _duration(text: str) -> float:
+    """``--time-budget``'s value in seconds (argparse answers a bad one with exit code 2)."""
+    from trainopt.contract.run_block import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"got {text!r}; {exc}") from None
+
+
 def _load(spec_path: str):
     from trainopt.contract.spec import load_spec
     from trainopt.execute.refcheck import check_references
 
     spec = load_spec(spec_path)
+    for note in spec.notes:
+        print(f"trainopt: note: {note}", file=sys.stderr)
     # A bad reference is a bad-input error (exit 2) before any trial starts, not a failed
     # trial later. The user's modules are imported in a child process, never in this one.
     check_references(spec)
@@ -229,6 +241,8 @@ def _search(args, headline: dict[str, Any]) -> int:
     )
 
     spec = _load(args.spec)
+    if args.time_budget is not None:
+        spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"time_budget": args.time_budget})})
     out = Path(args.out) if args.out else default_folder(spec.name)
     resolved = spec.resolved()
     with OutputFolder(out) as folder:
@@ -497,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
         "postgresql+psycopg2://USER:PASSWORD@HOST/DB (needs trainopt[postgres]); default: SQLite in the output folder",
     )
     s.add_argument("--fresh", action="store_true", help="discard stored trials and start over")
+    s.add_argument("--time-budget", metavar="DURATION", type=_duration,
+                   help="wall-time budget of the search, e.g. 20m or 1h30m (overrides measure.time_budget): a stage "
+                        "whose expected time and the final check's do not fit what is left is not tried")
     from trainopt.execute import scaling
 
     scaling.add_options(s)

@@ -38,7 +38,7 @@ def all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
 
 def test_every_subcommand_is_walked():
     names = {name for name, _ in all_parsers()}
-    assert names == {"trainopt", *(f"trainopt {c}" for c in ("init", "validate", "measure", "search", "report", "export", "env"))}
+    assert names == {"trainopt", *(f"trainopt {c}" for c in ("init", "validate", "measure", "search", "report", "export", "verify", "env"))}
 
 
 @pytest.mark.parametrize(("name", "parser"), all_parsers(), ids=[n for n, _ in all_parsers()])

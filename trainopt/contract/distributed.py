@@ -21,6 +21,7 @@ __all__ = [
     "world_size",
     "resolve_backend",
     "effective_batch",
+    "divisor_fix",
     "grad_accum_for",
     "rank_threads",
     "torchrun_args",
@@ -166,3 +167,12 @@ def launch_status_path(result_path: str | Path) -> Path:
     """Where the launcher records failed ranks: ``<stem>.launch.json``."""
     stem = _stem(result_path)
     return stem.with_name(f"{stem.name}.launch.json")
+
+
+def divisor_fix(eff: int, batch_size: int, field: str) -> str:
+    """How to make ``batch_size`` x ``field`` equal ``eff``: the value to set, or the batch sizes that divide it."""
+    if eff % batch_size == 0:
+        return f"set {field} to {eff // batch_size} (= {eff} / batch_size {batch_size})"
+    divisors = [d for d in range(1, min(eff, 4096) + 1) if eff % d == 0]
+    shown = ", ".join(str(d) for d in divisors[:12]) + (", ..." if len(divisors) > 12 else "")
+    return f"batch_size {batch_size} does not divide {eff}; use a batch_size that does ({shown})"

@@ -24,8 +24,10 @@ from pydantic import (
 
 from trainopt.contract import distributed as dist_mod
 from trainopt.contract.checks import CheckSection
+from trainopt.contract.spec_errors import SpecError, _fmt_value, _pydantic_problems
 from trainopt.contract.reference import REFERENCE_PATTERN
-from trainopt.errors import UserError
+from trainopt.contract.run_block import (DEFAULT_RUN_STEPS, OptionalDuration, RunCostsSection, RunSection, deprecation_notes,
+                                         run_plan, run_problems)
 from trainopt.knobs import catalog as knobs
 
 __all__ = [
@@ -63,23 +65,6 @@ DEFAULT_OPTIMIZER = {"name": "sgd", "args": {"lr": 0.1, "momentum": 0.9}}
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _REF_RE = REFERENCE_PATTERN
-
-
-class SpecError(UserError):
-    """A spec that cannot be used; ``problems`` lists one line per bad field."""
-
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = problems
-        self.source = source
-        head = f"{source}: " if source else ""
-        super().__init__(head + ("; ".join(problems) if len(problems) <= 1 else f"{len(problems)} problems"))
-
-    def render(self) -> str:
-        """The message shown to the user: one line per problem."""
-        where = f"invalid spec {self.source}" if self.source else "invalid spec"
-        if len(self.problems) == 1:
-            return f"{where}: {self.problems[0]}"
-        return f"{where}:\n" + "\n".join(f"  - {p}" for p in self.problems)
 
 
 def _ref_or_builtin(value: str, builtins: tuple[str, ...], what: str) -> str:
@@ -180,6 +165,8 @@ class MeasureSection(_Strict):
     # windows of a diagnosed trial (the baseline, the final settings, ``trainopt measure``);
     # null: as many as one timed window; 0: no breakdown.
     breakdown_steps: int | None = Field(None, ge=0, le=100_000)
+    # The search's wall-time budget in seconds (written as 20m, 1h30m, ...); null: none.
+    time_budget: OptionalDuration = None
 
     @field_validator("max_pairs")
     @classmethod
@@ -197,18 +184,6 @@ class MeasureSection(_Strict):
             if v < need:
                 raise ValueError(f"must be at least {need} for confidence {confidence}: fewer pairs can never confirm a change")
         return v
-
-
-class RunCostsSection(_Strict):
-    """What the rest of a run costs: a checkpoint every N steps, an evaluation every M steps.
-
-    Measured once on the baseline (one checkpoint save, one evaluation pass) and reported
-    as a share of training time with the frequency that keeps it under 5 %. Advice only.
-    """
-
-    checkpoint_every_steps: int | None = Field(None, ge=1, le=10**12)
-    eval_every_steps: int | None = Field(None, ge=1, le=10**12)
-    eval_batches: int = Field(20, ge=1, le=100_000)
 
 
 class LimitsSection(_Strict):
@@ -262,7 +237,9 @@ class Spec(_Strict):
     distributed: DistributedSection | None = None
     run_costs: RunCostsSection | None = None
     check: CheckSection = CheckSection()
-    run_length_steps: int = Field(100_000, ge=1, le=10**12)
+    run: RunSection | None = None
+    # Deprecated: run.steps says the same.
+    run_length_steps: int | None = Field(None, ge=1, le=10**12)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # The user's forward and loss, ``step(model, batch) -> loss``; trainopt keeps the rest.
     step: str | None = None
@@ -293,8 +270,13 @@ class Spec(_Strict):
         resolves (and fingerprints) exactly as it did before they existed.
         """
         out = self.model_dump(mode="json")
-        if out.get("step") is None:
-            out.pop("step", None)
+        for key in ("step", "run", "run_length_steps"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        if "run" in out:
+            out["run"] = {k: v for k, v in out["run"].items() if v is not None}
+        if out["measure"].get("time_budget") is None:
+            out["measure"].pop("time_budget")
         for key in ("collate", "datamodule", "name"):
             if out["data"].get(key) is None:
                 out["data"].pop(key, None)
@@ -315,6 +297,11 @@ class Spec(_Strict):
         resolved.pop("check", None)
         # A left-out optimizer hashes as the default it was before it could come from the model.
         resolved.setdefault("optimizer", dict(DEFAULT_OPTIMIZER))
+        # The budget bounds the search, not what a trial measures (a resume with another budget
+        # reuses its trials); a spec silent on its run hashes as the length then assumed.
+        resolved["measure"].pop("time_budget", None)
+        if "run" not in resolved:
+            resolved.setdefault("run_length_steps", DEFAULT_RUN_STEPS)
         blob = json.dumps(resolved, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -324,6 +311,16 @@ class Spec(_Strict):
         return self.distributed.nproc_per_node if self.distributed else 1
 
     @property
+    def notes(self) -> list[str]:
+        """Deprecated fields this spec uses, each with what to write instead."""
+        return deprecation_notes(self.run_length_steps)
+
+    @property
+    def run_plan(self) -> RunSection | None:
+        """The production run (``run_block.run_plan``)."""
+        return run_plan(self.run, self.run_length_steps)
+
+    @property
     def batch_search(self) -> BatchSearch:
         """The batch-size search settings (defaults when the spec does not search batch size)."""
         return self.search.get("batch_size") or BatchSearch()
@@ -331,28 +328,6 @@ class Spec(_Strict):
     def source_dir(self) -> Path:
         """The folder user references resolve against (set by ``load_spec``)."""
         return Path(self._source_dir)
-
-
-def _fmt_value(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
-    problems = []
-    for e in err.errors(include_url=False):
-        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        path = f"{prefix}{path}" if prefix else path
-        msg = e["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        if e["type"] == "extra_forbidden":
-            problems.append(f"{path}: unknown key; remove it or check its spelling")
-        elif e["type"] == "missing":
-            problems.append(f"{path}: required field is missing")
-        else:
-            problems.append(f"{path}: got {_fmt_value(e.get('input'))}; {msg[0].lower() + msg[1:]}")
-    return problems
 
 
 def _check_baseline(raw: Any, problems: list[str]) -> dict[str, Any]:
@@ -456,14 +431,6 @@ def spec_from_dict(data: Any, source: str | None = None, source_dir: Path | None
     return spec
 
 
-def _divisor_fix(eff: int, batch_size: int, field: str) -> str:
-    if eff % batch_size == 0:
-        return f"set {field} to {eff // batch_size} (= {eff} / batch_size {batch_size})"
-    divisors = [d for d in range(1, min(eff, 4096) + 1) if eff % d == 0]
-    shown = ", ".join(str(d) for d in divisors[:12]) + (", ..." if len(divisors) > 12 else "")
-    return f"batch_size {batch_size} does not divide {eff}; use a batch_size that does ({shown})"
-
-
 def _data_checks(spec: Spec) -> list[str]:
     """``data.name`` or ``data.datamodule``, or neither for a model that may be a LightningModule."""
     d = spec.data
@@ -482,7 +449,7 @@ def _data_checks(spec: Spec) -> list[str]:
 
 def _cross_checks(spec: Spec) -> list[str]:
     """Rules between fields: step against loss, the effective batch against the baseline and the search."""
-    problems = _data_checks(spec)
+    problems = _data_checks(spec) + run_problems(spec.run, spec.run_length_steps)
     if spec.step is not None and spec.loss != DEFAULT_LOSS:
         problems.append(
             f"step: {spec.step!r} computes the loss itself, so loss {spec.loss!r} would never be used; "
@@ -498,7 +465,7 @@ def _cross_checks(spec: Spec) -> list[str]:
             if eff % world:
                 fix = f"with {world} ranks, use a limits.effective_batch that is a multiple of {world}"
             else:
-                fix = _divisor_fix(eff // world, b["batch_size"], "baseline.grad_accum")
+                fix = dist_mod.divisor_fix(eff // world, b["batch_size"], "baseline.grad_accum")
                 if world > 1:
                     fix += f" (per rank: limits.effective_batch {eff} / {world} ranks = {eff // world})"
             problems.append(

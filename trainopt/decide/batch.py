@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from trainopt.contract.distributed import grad_accum_for
 
-__all__ = ["BatchSizeSearch", "throughput_candidates", "Probe"]
+__all__ = ["BatchSizeSearch", "throughput_candidates", "Probe", "MEMORY_FREED", "second_pass_possible", "memory_edge",
+           "freeing_change"]
 
 
 @dataclass(frozen=True)
@@ -188,3 +189,56 @@ def throughput_candidates(
         target = lo + (hi - lo) * i / max(1, max_candidates - 1)
         picks.add(min(ordered, key=lambda s: abs(math.log(s) - target)))
     return sorted(picks)[:max_candidates] if len(picks) > max_candidates else sorted(picks)
+
+
+# The second batch pass. The batch size is decided first, at the baseline's precision and
+# layout; a change kept later (autocast, compile, channels-last, ...) can lower the memory a
+# sample takes, and then a larger batch fits than the first pass could probe. Whether it
+# did is measured directly: one probe of the new incumbent at the smallest size that ran out
+# of memory before. Peak figures alone cannot say it on a CPU, where a process's resident
+# memory is mostly the runtime's and per-sample savings are a few per cent of it.
+
+# A kept change whose peak, against its incumbent's at the same batch size, is at least this
+# much lower is reported as lowering it: peaks of one setting differ by a few per cent
+# between processes (allocator caching, loader workers sampled at window edges).
+MEMORY_FREED = 0.05
+
+
+def second_pass_possible(search_knobs: list[str] | tuple[str, ...] | set[str] | dict) -> bool:
+    """Whether a search over these knobs may run a second batch pass (its error budget is counted from the start):
+    it searches the batch size and at least one other knob."""
+    return "batch_size" in search_knobs and len(search_knobs) > 1
+
+
+def memory_edge(probes: list[dict]) -> int | None:
+    """The smallest batch size whose probe ran out of memory, or None when memory set no limit."""
+    sizes = [p["size"] for p in probes if not p.get("fits") and p.get("status") == "oom" and isinstance(p.get("size"), int)]
+    return min(sizes) if sizes else None
+
+
+def freeing_change(decisions: list[dict]) -> dict | None:
+    """The kept change after the batch stage most likely to have freed memory, or None when none was kept.
+
+    Args:
+        decisions: The decisions made after the batch stage, as plain dicts with ``knob``,
+            ``kept``, ``from``, ``to``, ``before_peak_memory_bytes`` and ``after_peak_memory_bytes``
+            (the incumbent's and the candidate's peaks at the same batch size).
+
+    Returns:
+        ``{knob, from, to, before_peak_memory_bytes, after_peak_memory_bytes, ratio, lowered}``:
+        the kept change with the lowest peak ratio (the last kept one when none has both
+        peaks); ``lowered`` says whether its ratio is at most ``1 - MEMORY_FREED``.
+    """
+    best = None
+    for d in decisions:
+        if not d.get("kept") or d.get("knob") == "batch_size":
+            continue
+        before, after = d.get("before_peak_memory_bytes"), d.get("after_peak_memory_bytes")
+        ratio = after / before if before and after else None
+        row = {"knob": d.get("knob"), "from": d.get("from"), "to": d.get("to"), "before_peak_memory_bytes": before,
+               "after_peak_memory_bytes": after, "ratio": ratio,
+               "lowered": ratio is not None and ratio <= 1.0 - MEMORY_FREED}
+        if best is None or (ratio is not None and (best["ratio"] is None or ratio <= best["ratio"])) or (
+                ratio is None and best["ratio"] is None):
+            best = row
+    return best

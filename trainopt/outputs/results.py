@@ -16,6 +16,7 @@ import yaml
 
 from trainopt.atomic import write_json_atomic, write_text_atomic
 from trainopt.errors import UserError
+from trainopt.outputs.worth import worth_provenance
 from trainopt.search.document import RESULTS_SCHEMA_VERSION
 from trainopt.version import __version__
 
@@ -134,6 +135,8 @@ def best_document(doc: dict[str, Any], spec_resolved: dict[str, Any]) -> dict[st
             ],
             "lr_hint": (doc.get("batch_size") or {}).get("lr_hint") if batch_changed else None,
             "training_check": _training_provenance(doc.get("training_check")),
+            # The production run's hours (and cost) at the baseline and at these settings.
+            "worth": worth_provenance(doc.get("worth")),
             "env": doc.get("env", {}),
         },
     }

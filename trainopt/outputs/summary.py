@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from trainopt.decide import bottleneck
 from trainopt.decide.bottleneck import LABELS, shares_text
 from trainopt.decide.run_costs import advise
+from trainopt.outputs.worth import not_tried_lines, worth_lines
 
 __all__ = [
     "fmt_bytes",
@@ -174,6 +175,8 @@ def search_summary(doc: dict[str, Any]) -> str:
     else:
         lines.append("kept: nothing (no change was confirmed as faster)")
     lines += [f"run cost: {line}" for line in run_cost_lines(doc.get("run_costs"))]
+    lines += worth_lines(doc.get("worth"))
+    lines += [f"budget: {line}" for line in not_tried_lines(doc.get("time_budget"))]
     hint = (doc.get("batch_size") or {}).get("lr_hint")
     if hint:
         lines.append(f"note: {hint}")

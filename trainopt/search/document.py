@@ -56,12 +56,25 @@ Schema (``schema_version`` 1)::
               peak_memory_bytes, step_time_s, data_wait_fraction, windows, steady_from,
               steady, compile_s, warmup_s, wall_s, error, log}]
     batch_size: {start, limit, max_fitting, safe_max, margin, probes: [{size, fits, status,
-                 peak_memory_bytes}], lr_hint, probe_items?}
+                 peak_memory_bytes, pass}], lr_hint, probe_items?, edge_probe?, second_pass?}
+                                 # edge_probe: {size, fits, status, peak_memory_bytes, after}: the
+                                 # incumbent at the first pass's out-of-memory size after a kept change;
+                                 # second_pass: {start, probed_from, limit, max_fitting, safe_max, margin,
+                                 # probes (pass 2), freed_by, adopted} when that size fitted
                                  # probe_items: each probe batch held the largest items of a
                                  # sample: {sampled, dataset_len, largest, median, smallest,
                                  # in_batch, unit, batch_size} (of the largest probe)
     env: fingerprint of the machine (from the baseline trial)
     measure: the measurement settings used; counts: {trials_run, trials_reused}
+    worth: {basis: run|per_steps, run, steps, samples, samples_per_step, baseline_step_s,
+            baseline_hours, recommended_hours, saved_hours, search_hours, paid_back_after_steps,
+            money: {currency, device_hour_cost, baseline, recommended, saved, search} | null, note}
+                                 # the production run (the spec's run block; without one, 1,000
+                                 # baseline steps) at the baseline and the recommended settings;
+                                 # ranges are {estimate, low, high} from the speedup's interval
+                                 # (trainopt/decide/run_costs.py); null without a baseline figure
+    time_budget: {budget_s, not_tried: [{knob, stage, reason, eta_s, left_s}]} | null
+                                 # stages the budget left out (measure.time_budget or --time-budget)
     error_rates: {scope, knobs, per_knob, search, text}   # the chance of adopting a change
                                  # without effect, per knob and for the whole search
                                  # (measure.error_scope; trainopt/decide/sequential.py)
@@ -77,7 +90,7 @@ from typing import Any
 
 from trainopt.decide import plan
 from trainopt.decide.recommendation import recommend
-from trainopt.decide.run_costs import advise
+from trainopt.decide.run_costs import advise, run_worth, samples_per_step
 from trainopt.decide.sequential import false_adoption
 from trainopt.search.state import SearchState, TrialRecord
 from trainopt.version import __version__
@@ -201,13 +214,30 @@ def build_results(state: SearchState, complete: bool) -> dict[str, Any]:
         "stability": state.guard.to_dict() if state.guard is not None else None,
         "machine": state.machine.to_dict() if state.machine is not None else None,
         "warnings": list(state.warnings),
+        **_worth_and_budget(state, rec),
     }
+
+
+def _worth_and_budget(state: SearchState, rec: Any) -> dict[str, Any]:
+    """The document's ``worth`` (what the speedup is worth on the production run) and ``time_budget``."""
+    base = state.baseline
+    worth = None
+    if base is not None and base.ok:
+        per_step = samples_per_step(base.settings or {}, state.world_size)
+        rate = (state.final or {}).get("baseline_samples_per_s") or base.samples_per_s
+        worth = run_worth(state.run, baseline_samples_per_s=rate, samples_per_step=per_step, dataset_len=base.dataset_len,
+                          speedup=rec.speedup, ci=rec.ci, search_s=time.time() - state.started)
+    budget = None
+    if state.time_budget_s is not None:
+        budget = {"budget_s": state.time_budget_s, "not_tried": list(state.not_tried)}
+    return {"worth": worth, "time_budget": budget}
 
 
 def _error_rates(state: SearchState) -> dict[str, Any]:
     """The chance of adopting a change without effect, per knob and for the whole search, in numbers and words."""
     m = state.measure
-    rates = false_adoption(m.get("confidence", 0.95), len(state.planned_knobs), m.get("error_scope", "knob"))
+    # A second batch pass, where the search may run one, is a family of its own.
+    rates = false_adoption(m.get("confidence", 0.95), len(state.planned_knobs) + state.extra_families, m.get("error_scope", "knob"))
     per, whole, k = rates["per_knob"], rates["search"], rates["knobs"]
     rates["text"] = (
         f"a change without effect (no faster than 1 + min_speedup) is adopted with probability at most {per:.2%} per knob, "

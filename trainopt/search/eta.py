@@ -141,3 +141,39 @@ class SearchEta:
                 knobs.not_applicable_reason(s, self.broker.device_type, self.broker.world_size)
                 for s in plan.candidates(base, n, self.spec.search[n]))
         ]
+
+    # ---- seconds, for the time budget ---------------------------------------------------
+
+    def unit_s(self) -> float | None:
+        """Seconds per plain arm as this search's trials have cost (None before any finished)."""
+        model = getattr(self.progress, "model", None)
+        return model.unit() if model is not None else None
+
+    def stage_seconds(self, name: str) -> float | None:
+        """The expected wall seconds of deciding ``name`` from the incumbent now (None: not priced yet).
+
+        The stage's share of ``plan.remaining_trials``: its screen, its typical confirmations
+        and held-out pairs, its probes or cold compiles, without the final check's pairs.
+        """
+        unit = self.unit_s()
+        if unit is None:
+            return None
+        m = self.spec.measure
+        arms = plan.remaining_trials(
+            [name], self.spec.search, confirm_pairs=typical_pairs(SequentialRule.from_measure(m, family=2), m.max_pairs),
+            holdout_pairs=holdout_pairs(m.confidence, m.interval), final_pairs=0.0,
+            batch_candidates=self.spec.batch_search.max_candidates, skip=self._runs_nothing([name]),
+            incumbent=self.incumbent, baseline=self.spec.baseline, batch_probes=self._batch_probes(),
+            screen_only=self._screen_only([name]), costs=self._costs())
+        return arms * unit
+
+    def final_seconds(self) -> float | None:
+        """The expected wall seconds of the final check (its planned pairs) and the diagnosis trial after it."""
+        unit = self.unit_s()
+        if unit is None:
+            return None
+        costs = self._costs()
+        # Reserved as if a change were kept: the stage about to start may keep one.
+        pairs = planned_pairs(self.spec.measure, self.state.decisions)
+        arms = pairs * (plan.arm_cost(self.spec.baseline, costs=costs) + plan.arm_cost(self.incumbent, costs=costs))
+        return (arms + plan.arm_cost(self.incumbent, "diagnosis", costs)) * unit

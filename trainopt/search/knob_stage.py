@@ -66,6 +66,8 @@ class KnobStage:
         # goes on past a look (the search's ETA).
         self.on_look: Any = None
         self._confirming = 0
+        # Families the search's error budget is split into under ``error_scope: search``.
+        self.families = len(broker.spec.search)
         # The one-shot cold-compile trial of each compiled candidate, by settings hash.
         self.cold_compile: dict[str, TrialResult] = {}
 
@@ -118,7 +120,7 @@ class KnobStage:
 
     def _confirm(self, incumbent: dict[str, Any], settings: dict[str, Any], knob: str, stage: str, family: int) -> Confirmation:
         # ``error_scope: search`` splits the error budget over the search's knobs too.
-        scope = scope_family(getattr(self.measure, "error_scope", "knob"), len(self.broker.spec.search))
+        scope = scope_family(getattr(self.measure, "error_scope", "knob"), self.families)
         rule = self.rule or SequentialRule.from_measure(self.measure, family=family * scope)
         # A rule that cannot say when it next may stop gets its pairs one at a time.
         next_look = getattr(rule, "next_look", lambda n: n + 1)

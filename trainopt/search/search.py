@@ -9,9 +9,13 @@ The parts, each in its own module: the ``TrialBroker`` keys, caches and runs tri
 ``HeldOutSessions`` for the held-out figure of a kept change; ``run_batch_stage`` probes
 memory first; ``confirmation.confirm`` is the pair loop behind a swappable
 ``DecisionRule``; ``final_check`` compares the final settings with the baseline; the
-``SearchEta`` counts what is left; ``TrainingCheck`` then trains the recommended settings
-against a reference and drops any kept change that makes them train differently. Everything found goes into a plain ``SearchState``,
-from which ``document.build_results`` makes the results document. Every trial has a
+``SearchEta`` counts what is left; a ``TimeBudget`` starts a stage only when it and the
+final check fit the time left; after the last knob, ``run_second_batch_pass`` searches the
+batch size again when a later kept change made the first pass's out-of-memory size fit;
+after the final check, ``TrainingCheck`` trains the recommended settings against a reference
+and drops any kept change that makes them train differently.
+Everything found goes into a plain ``SearchState``, from which ``document.build_results``
+makes the results document. Every trial has a
 deterministic key, so an interrupted search resumes by simply running again. Nothing here
 imports torch: trials run through a ``Runner`` and come back as ``TrialResult``.
 """
@@ -21,17 +25,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from trainopt.contract.run_block import DEFAULT_RUN_STEPS
 from trainopt.contract.spec import Spec
+from trainopt.decide import batch as batch_mod
 from trainopt.decide import bottleneck, plan
 from trainopt.decide import training_check as training_rule
+from trainopt.decide.run_costs import run_steps, samples_per_step
 from trainopt.decide.recommendation import recommend
 from trainopt.decide.verdict import Decision
 from trainopt.execute.executors import SerialExecutor, SessionExecutor
 from trainopt.execute.runner import Runner
 from trainopt.execute.session_runners import SequentialSessionRunner
 from trainopt.knobs import catalog as knobs
-from trainopt.search.batch_stage import run_batch_stage
+from trainopt.search.batch_stage import run_batch_stage, run_second_batch_pass, second_pass_reason
 from trainopt.search.broker import TrialBroker
+from trainopt.search.budget import TimeBudget
 from trainopt.search.document import build_results
 from trainopt.search.errors import SearchFailed
 from trainopt.search.eta import SearchEta
@@ -87,11 +95,16 @@ class Search:
         self.broker = TrialBroker(spec, out_dir, runner, store, self.state, self.progress, executor=executor, guard=guard)
         self.state.guard = guard
         self.held_out = HeldOutSessions(self.broker, spec.measure)
-        self.stage = KnobStage(self.broker, spec.measure, run_length_steps=spec.run_length_steps, decisions=self.state.decisions,
-                               rule=rule, held_out=self.held_out)
+        self.stage = KnobStage(self.broker, spec.measure, run_length_steps=run_steps(self.state.run, None, None, None, DEFAULT_RUN_STEPS),
+                               decisions=self.state.decisions, rule=rule, held_out=self.held_out)
         self.eta = SearchEta(spec, self.state, self.broker, self.progress, self.held_out)
         self.stage.on_selected = self.eta.selected
         self.stage.on_look = self.eta.look
+        # A second batch pass is one more family of confirmations: counted from the start.
+        self.state.extra_families = 1 if batch_mod.second_pass_possible(spec.search) else 0
+        self.stage.families = len(spec.search) + self.state.extra_families
+        self._batch_done: int | None = None
+        self.budget = TimeBudget(self.state.time_budget_s, self.state, self.eta.stage_seconds, self.eta.final_seconds)
 
     @property
     def ran(self) -> int:
@@ -112,6 +125,9 @@ class Search:
                 f"fix the spec's baseline or workload and run again (log: {state.baseline.log_path})"
             )
         self.broker.device_type = state.baseline.env.get("device_type", "cpu")
+        # The run's length in baseline steps, now that a step's time is known (a run in hours or epochs).
+        self.stage.run_length_steps = run_steps(state.run, samples_per_step(base_settings, self.spec.world_size),
+                                                state.baseline.samples_per_s, state.baseline.dataset_len, DEFAULT_RUN_STEPS)
         state.diagnosis = bottleneck.diagnose(state.baseline.breakdown, state.baseline.data_wait_fraction)
         state.order = plan.knob_order(self.spec.search, self.spec.search_order, state.diagnosis["bottleneck"])
         incumbent = base_settings
@@ -119,15 +135,20 @@ class Search:
         for index, name in enumerate(state.order):
             self.eta.knob_index = index
             stage = knobs.KNOBS[name].stage
-            self.progress.stage(stage, name)
-            if name == "batch_size":
+            if not self.budget.allows(name, stage):
+                self.progress.stage(stage, f"{name}: not tried (time budget)")
+            elif name == "batch_size":
+                self.progress.stage(stage, name)
                 incumbent = run_batch_stage(self.spec, self.stage, incumbent, state.baseline.dataset_len, state.batch_info)
+                self._batch_done = len(state.decisions)
             else:
+                self.progress.stage(stage, name)
                 incumbent = self.stage.run(incumbent, name, stage, self.spec.search[name])
             self.eta.incumbent = incumbent
             state.done_knobs.append(name)
             self.eta.update(index + 1, reusable=len(self.held_out.reusable(base_settings, incumbent)[0]))
             self._checkpoint(complete=False)
+        incumbent = self._second_batch_pass(incumbent)
         self.progress.stage("final", "final check against the baseline")
         n0 = len(self.broker.unstable)
         # The first kept change's held-out sessions, when no later kept change measured
@@ -157,6 +178,24 @@ class Search:
         self.progress.stage("training", f"training check, {check.training_steps} steps a run")
         self.state.training_check = TrainingCheck(self.broker, self.held_out, self.state, check.training_steps,
                                                   self.spec.seed).run()
+    def _second_batch_pass(self, incumbent: dict[str, Any]) -> dict[str, Any]:
+        """The batch stage again from the incumbent, when it stopped at a memory edge and the edge fits after a later kept change."""
+        state = self.state
+        if self._batch_done is None:
+            return incumbent
+        later = [{**d.to_dict(), "from": d.from_value, "to": d.to_value} for d in state.decisions[self._batch_done:]]
+        if batch_mod.memory_edge(state.batch_info.get("probes") or []) is None or batch_mod.freeing_change(later) is None:
+            return incumbent
+        if not self.budget.allows("batch_size", "batch (second pass)"):
+            return incumbent
+        freed = second_pass_reason(self.spec, self.stage, incumbent, state.batch_info, later)
+        if freed is None:
+            return incumbent
+        self.progress.stage("batch", f"batch_size again: batch {freed['edge']} fits after {freed['knob']} {freed['to']}")
+        incumbent = run_second_batch_pass(self.spec, self.stage, incumbent, state.baseline.dataset_len, state.batch_info, freed)
+        self.eta.incumbent = incumbent
+        self._checkpoint(complete=False)
+        return incumbent
 
     def _diagnose_recommended(self) -> None:
         """Where a step of the recommended settings spends its time: one one-shot diagnosed trial.

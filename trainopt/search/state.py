@@ -61,6 +61,12 @@ class SearchState:
         final_diagnosis_error: Why the diagnosis trial failed, or None.
         training_check: The training check (``search.training_check``; empty until it ran).
         run_costs: The spec's ``run_costs`` section (plain data), or None.
+        run: The production run (``Spec.run_plan`` as plain data), or None.
+        world_size: Processes per trial (a step's samples are ``batch_size x grad_accum x ranks``).
+        time_budget_s: The search's wall-time budget in seconds, or None.
+        not_tried: Stages the time budget left out: ``{knob, stage, reason, eta_s, left_s}`` each.
+        extra_families: Confirmation families beyond one per knob (a possible second batch
+            pass), for the error budget.
         ran: Trials run by this process.
         reused: Trials answered from the store.
         guard: The stability guard (its record goes into the results), or None.
@@ -88,6 +94,11 @@ class SearchState:
     final_diagnosis_error: str | None = None
     training_check: dict[str, Any] = field(default_factory=dict)
     run_costs: dict[str, Any] | None = None
+    run: dict[str, Any] | None = None
+    world_size: int = 1
+    time_budget_s: float | None = None
+    not_tried: list[dict[str, Any]] = field(default_factory=list)
+    extra_families: int = 0
     ran: int = 0
     reused: int = 0
     guard: Any = None
@@ -105,6 +116,9 @@ class SearchState:
             planned_knobs=list(spec.search),
             out_dir=Path(out_dir),
             run_costs=spec.run_costs.model_dump(mode="json") if spec.run_costs is not None else None,
+            run=spec.run_plan.model_dump(mode="json", exclude_none=True) if spec.run_plan is not None else None,
+            world_size=spec.world_size,
+            time_budget_s=spec.measure.time_budget,
         )
 
     def dropped_knobs(self) -> list[str]:

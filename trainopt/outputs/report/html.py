@@ -27,8 +27,10 @@ from trainopt.outputs.report.formats import (
     number,
     sort_value,
 )
+from trainopt.outputs.report.batch_pass import second_pass_context
 from trainopt.outputs.report.rows import format_value, speedup_rows
 from trainopt.outputs.report.training import training_section
+from trainopt.outputs.worth import not_tried_lines, worth_cards
 
 __all__ = [
     "render_html",
@@ -184,6 +186,7 @@ def _batch_section(doc: dict[str, Any], image: str | None) -> dict[str, Any] | N
         for p in info.get("probes") or []
     ]
     failing = sorted(p["size"] for p in probes if not p["fits"] and isinstance(p["size"], int))
+    second = second_pass_context(info)
     return {
         "image": image,
         "probes": probes,
@@ -194,6 +197,7 @@ def _batch_section(doc: dict[str, Any], image: str | None) -> dict[str, Any] | N
         "margin": fmt_percent(info.get("margin")) if info.get("margin") is not None else None,
         "oom_at": failing[0] if failing else None,
         "lr_hint": info.get("lr_hint"),
+        "second": second,
     }
 
 
@@ -546,6 +550,8 @@ def report_context(doc: dict[str, Any], images: dict[str, Path | None], out_dir:
         "missing": [str(m) for m in doc.get("missing") or []],
         "baseline_failure": _baseline_failure(doc),
         "summary": _summary(doc),
+        "worth_cards": worth_cards(doc.get("worth") if isinstance(doc.get("worth"), dict) else None),
+        "not_tried": not_tried_lines(doc.get("time_budget") if isinstance(doc.get("time_budget"), dict) else None),
         "diagnosis": diagnosis.get("text") or "",
         "bottleneck": diagnosis.get("bottleneck") or "",
         "data_wait": fmt_percent(diagnosis.get("data_wait_fraction")) if diagnosis.get("data_wait_fraction") is not None else None,

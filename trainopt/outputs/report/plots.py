@@ -67,7 +67,7 @@ def _legend(fig, handles, labels=None) -> None:
     # Below the axes, never over the data, whatever the data looks like.
     if not handles:
         return
-    kwargs = {"loc": "outside lower center", "fontsize": 8, "frameon": False, "ncols": min(len(handles), 4)}
+    kwargs = {"loc": "outside lower center", "fontsize": 8, "frameon": False, "ncols": min(len(handles), 4 if len(handles) <= 4 else 3)}
     if labels is None:
         fig.legend(handles=handles, **kwargs)
     else:
@@ -208,10 +208,21 @@ def waterfall(doc: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def _batch_points(doc: dict[str, Any]) -> dict[int, list[float]]:
+def _second_pass_change(doc: dict[str, Any]) -> tuple[str, Any] | None:
+    """The kept change a second batch pass ran after (its trials hold it), or None."""
+    second = (doc.get("batch_size") or {}).get("second_pass")
+    freed = second.get("freed_by") if isinstance(second, dict) else None
+    return (freed.get("knob"), freed.get("to")) if isinstance(freed, dict) and freed.get("knob") else None
+
+
+def _batch_points(doc: dict[str, Any], second: bool = False) -> dict[int, list[float]]:
+    """Throughput by batch size of the first pass's trials (``second``: the second pass's)."""
+    change = _second_pass_change(doc)
     points: dict[int, list[float]] = {}
     for t in doc.get("trials") or []:
         if t.get("stage") != "batch" or t.get("mode") != "measure" or t.get("status") != "ok":
+            continue
+        if (change is not None and (t.get("settings") or {}).get(change[0]) == change[1]) != second:
             continue
         size = (t.get("settings") or {}).get("batch_size")
         value = _num(t.get("samples_per_s"))
@@ -236,7 +247,8 @@ def batch_curve(doc: dict[str, Any], path: Path) -> Path | None:
     ax = fig.add_subplot()
     _style(ax)
     handles = []
-    sizes = sorted(set(points) | {p["size"] for p in probes})
+    second = [p for p in ((info.get("second_pass") or {}).get("probes") or []) if isinstance(p.get("size"), int)]
+    sizes = sorted(set(points) | set(_batch_points(doc, second=True)) | {p["size"] for p in probes + second})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.minorticks_off()
@@ -278,9 +290,36 @@ def batch_curve(doc: dict[str, Any], path: Path) -> Path | None:
     if chosen and isinstance(chosen[-1].get("to"), int):
         pick = ax.axvline(chosen[-1]["to"], color=KEPT, linewidth=1.4, alpha=0.8, label=f"kept: {chosen[-1]['to']}")
         handles.append(pick)
+    handles += _second_pass_lines(doc, ax, mem_ax if points else None)
     _legend(fig, handles)
     ax.set_title("Batch size: throughput and memory")
     return _save(fig, path)
+
+
+def _second_pass_lines(doc: dict[str, Any], ax: Any, mem_ax: Any) -> list[Any]:
+    """The second batch pass on the batch curve: its throughput and its probes' peak memory, dotted."""
+    change = _second_pass_change(doc)
+    if change is None:
+        return []
+    handles = []
+    after = f"{change[0]} {change[1]}"
+    points = _batch_points(doc, second=True)
+    if points:
+        xs = sorted(points)
+        (line,) = ax.plot(xs, [statistics.median(points[s]) for s in xs], color=ACCENT, marker="^", linestyle=":",
+                          linewidth=2, label=f"second pass ({after}): throughput", zorder=4)
+        handles.append(line)
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], max(max(v) for v in points.values()) * 1.15))
+    probes = (doc.get("batch_size") or {}).get("second_pass", {}).get("probes") or []
+    mem = sorted((p["size"], p["peak_memory_bytes"] / MIB) for p in probes
+                 if p.get("fits") and isinstance(p.get("size"), int) and _num(p.get("peak_memory_bytes")))
+    if mem:
+        target = mem_ax if mem_ax is not None else ax
+        (mline,) = target.plot([m[0] for m in mem], [m[1] for m in mem], color=MEMORY, marker="^", linestyle=":",
+                               label="second pass: peak memory (probe)")
+        handles.append(mline)
+        target.set_ylim(bottom=0, top=max(target.get_ylim()[1], max(m[1] for m in mem) * 1.2))
+    return handles
 
 
 def _thousands():

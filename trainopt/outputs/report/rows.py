@@ -117,7 +117,7 @@ def speedup_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "rank": rank,
-                "stage": str(d.get("stage") or ""),
+                "stage": str(d.get("stage") or "") + (" (second pass)" if (d.get("extra") or {}).get("batch_pass") == 2 else ""),
                 "knob": str(d.get("knob") or ""),
                 "from": format_value(d.get("from")),
                 "to": format_value(d.get("to")),
