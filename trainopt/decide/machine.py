@@ -29,7 +29,6 @@ __all__ = [
     "noise_label",
     "cut_allowed",
     "BUSY_SHARE",
-    "LOAD_PER_CPU",
     "NORMAL_NOISE",
     "CUT_SPREAD",
     "STARVED_SHARE",
@@ -41,9 +40,6 @@ __all__ = [
 # Other processes using more than this share of the machine's CPUs make it busy: on two
 # cores, a fifth of a core is already a neighbour that takes a torch thread's core now and then.
 BUSY_SHARE = 0.10
-# A 1-minute load average above this many runnable tasks per CPU (before the search starts,
-# when none of them is the search's) makes the machine busy too.
-LOAD_PER_CPU = 0.5
 # The median window noise of a stage above which its sessions are "noisy", not "steady":
 # a quiet machine's windows scatter by a few per cent (1-2 % on a GPU, 3-7 % on the demo's
 # CPU, up to 15 % beside loader workers); a busy one's by 21-42 %.
@@ -121,19 +117,24 @@ def other_load(before: dict[str, Any], after: dict[str, Any], own: Sequence[int]
 
 
 def judge(load: Load, *, before_search: bool = False) -> MachineCheck:
-    """Whether the machine is busy over this sample.
+    """Whether the machine is busy over this sample: other processes used more than ``BUSY_SHARE`` of its CPUs.
 
-    Busy when other processes used more than ``BUSY_SHARE`` of its CPUs, or, before the
-    search (when no runnable task is the search's), when the 1-minute load average exceeds
-    ``LOAD_PER_CPU`` per CPU.
+    The 1-minute load average is reported beside it but decides nothing: it trails by a
+    minute, so a search started right after another (a ``trainopt verify`` after its search)
+    would be called busy by the one before it, while the CPU time of this very sample says
+    what runs now.
+
+    Args:
+        load: The sample.
+        before_search: Whether it was taken before the search's first trial (named in the reason).
     """
-    reasons = []
-    if load.others > BUSY_SHARE * load.cpus:
-        names = ", ".join(f"{n} {c:.2f}" for n, c in load.top)
-        reasons.append(f"other processes used {load.others:.2f} of {load.cpus} CPUs" + (f" ({names})" if names else ""))
-    if before_search and load.load1 is not None and load.load1 > LOAD_PER_CPU * load.cpus:
-        reasons.append(f"load average {load.load1:.2f} on {load.cpus} CPUs")
-    return MachineCheck(busy=bool(reasons), reason="; ".join(reasons))
+    if load.others <= BUSY_SHARE * load.cpus:
+        return MachineCheck(busy=False, reason="")
+    names = ", ".join(f"{n} {c:.2f}" for n, c in load.top)
+    reason = f"other processes used {load.others:.2f} of {load.cpus} CPUs" + (f" ({names})" if names else "")
+    if load.load1 is not None:
+        reason += f"; load average {load.load1:.2f} on {load.cpus} CPUs"
+    return MachineCheck(busy=True, reason=reason)
 
 
 def cpu_share(cpu_s: float | None, wall_s: float | None, threads: int | None) -> float | None:

@@ -18,8 +18,15 @@ __all__ = ["snapshot", "MachineProbe"]
 PROC = Path("/proc")
 
 
+# The kernel's own threads (PF_KTHREAD in the flags field): their time is the kernel writing
+# back and moving I/O, often the files of the run that just ended; no user can stop them, and
+# counting them called a quiet machine busy after every search here (writeback and vsock
+# workers at 0.4-0.8 of a CPU for a second).
+_KERNEL_THREAD = 0x00200000
+
+
 def _read_stat(pid_dir: Path) -> tuple[str, int, int] | None:
-    """(name, ppid, utime + stime ticks) of one process, or None when it is gone or unreadable."""
+    """(name, ppid, utime + stime ticks) of one user process, or None when it is gone, unreadable or a kernel thread."""
     try:
         text = (pid_dir / "stat").read_text()
     except OSError:
@@ -30,6 +37,8 @@ def _read_stat(pid_dir: Path) -> tuple[str, int, int] | None:
         return None
     fields = text[close + 2:].split()
     try:
+        if int(fields[6]) & _KERNEL_THREAD:
+            return None
         return text[open_ + 1:close], int(fields[1]), int(fields[11]) + int(fields[12])
     except (IndexError, ValueError):
         return None

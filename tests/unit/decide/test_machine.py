@@ -21,10 +21,12 @@ def test_a_busy_loop_beside_the_search_makes_the_machine_busy_and_is_named():
     assert not machine.judge(machine.other_load(before, after, own=[10, 11])).busy
 
 
-def test_the_load_average_counts_only_before_the_search():
+def test_a_trailing_load_average_alone_does_not_make_the_machine_busy():
+    # The search before this one leaves a high 1-minute load behind; nothing runs now.
     quiet = machine.other_load(snap(0, {}), snap(1, {}, load1=1.5))
-    assert not machine.judge(quiet).busy
-    assert machine.judge(quiet, before_search=True).busy
+    assert not machine.judge(quiet).busy and not machine.judge(quiet, before_search=True).busy
+    busy = machine.other_load(snap(0, {7: ("yes", 0)}), snap(1, {7: ("yes", 90)}, load1=1.5))
+    assert "load average 1.50 on 2 CPUs" in machine.judge(busy, before_search=True).reason
 
 
 def test_a_reused_pid_or_a_new_process_counts_from_zero():

@@ -9,15 +9,16 @@ import time
 from trainopt.execute.machine_probe import MachineProbe, snapshot
 
 
-def write_proc(root, procs, load1):
+def write_proc(root, procs, load1, kernel=()):
     root.mkdir(exist_ok=True)
     (root / "stat").write_text("cpu 0 0 0 0\n")
     (root / "loadavg").write_text(f"{load1} 0.5 0.5 1/100 999\n")
     for pid, (name, ppid, ticks) in procs.items():
         d = root / str(pid)
         d.mkdir(exist_ok=True)
-        # pid (comm) state ppid ... utime(14) stime(15)
-        fields = ["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 20
+        # pid (comm) state ppid pgrp session tty tpgid flags(9) ... utime(14) stime(15)
+        flags = str(0x00200000 if pid in kernel else 0x00400000)
+        fields = ["S", str(ppid), "0", "0", "0", "0", flags] + ["0"] * 4 + [str(ticks), "0"] + ["0"] * 20
         (d / "stat").write_text(f"{pid} ({name}) " + " ".join(fields) + "\n")
 
 
@@ -28,6 +29,12 @@ def test_a_fake_proc_tree_reads_names_with_spaces_and_parents(tmp_path):
     assert s["procs"][101] == ("tmux: server", 50) and s["procs"][102] == ("yes", 7)
     assert s["load1"] == 0.4
     assert snapshot(tmp_path / "nothing") is None
+
+
+def test_kernel_threads_are_not_other_processes(tmp_path):
+    root = tmp_path / "proc"
+    write_proc(root, {2: ("kthreadd", 0, 1), 40: ("kworker/u8:2-writeback", 2, 80), 101: ("yes", 1, 7)}, 0.4, kernel={2, 40})
+    assert set(snapshot(root)["procs"]) == {101}
 
 
 def test_the_real_proc_counts_a_busy_loop_that_is_not_the_search_s():
