@@ -214,10 +214,11 @@ def probe_items_line(items: dict[str, Any] | None) -> str | None:
         return None
     whole = "the whole data set" if items.get("sampled") == items.get("dataset_len") else (
         f"a sample of {items.get('sampled')} of {items.get('dataset_len')} items")
+    unit = items.get("unit", "elements")
     return (
-        f"batch-size probes: each probe batch held the largest items in {whole} "
-        f"(largest {items.get('largest')} {items.get('unit', 'elements')}, median {items.get('median', 0):g}; "
-        f"a batch of {items.get('batch_size')} down to {items.get('in_batch')})"
+        f"batch-size probes: each probe batch held the largest items in {whole}: "
+        f"{items.get('largest')} {unit} down to {items.get('in_batch')} {unit} per item "
+        f"(the median item has {items.get('median', 0):g})"
     )
 
 

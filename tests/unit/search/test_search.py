@@ -524,7 +524,8 @@ def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path)
     runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=0.5, late_roles=("holdout", "final"))
     search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
     text = _summary(search.run())
-    assert "recommended (best.yaml): baseline: the final check of the combined settings said regressed" in text
+    assert "recommended (best.yaml): baseline: the final check contradicts the kept change;" in text
+    assert text.count("fresh pairs show the change slower than") == 1
     assert "final check: regressed:" in text
     # The baseline stays: one throughput figure, not the final check's baseline arms against the
     # one-shot baseline trial as if they were before and after.

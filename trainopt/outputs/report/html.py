@@ -25,6 +25,7 @@ from trainopt.outputs.report.formats import (
     fmt_speedup,
     fmt_steps,
     number,
+    sentence,
     sort_value,
 )
 from trainopt.outputs.report.batch_pass import second_pass_context
@@ -480,8 +481,10 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         "verdict": (final.get("verdict") or "") if source in (None, "final-check") else "",
         "source": source or "",
         "source_text": SOURCE_TEXTS.get(source, ""),
-        "source_reason": best.get("reason") or "",
-        "final_reason": final.get("reason") or "",
+        # Each fact once: for the final check's settings the source text says it all, and the
+        # final check's own figures are on the line below.
+        "source_reason": "" if source == "final-check" else sentence(best.get("reason")),
+        "final_reason": sentence(final.get("reason")),
         "estimate": fmt_speedup(estimate) if estimate is not None else None,
         "elapsed": fmt_duration(doc.get("elapsed_s")),
         "trials_run": counts.get("trials_run", 0),
