@@ -53,8 +53,8 @@ _MEDIAN_VARIANCE = math.pi / 2
 # A quiet machine's session-to-session spread of one incumbent's level per unit of its
 # usual window noise: 1.4-2.5 over each stage of a recorded demo run (2-core CPU; the
 # process offset and the session's shared load move the level, not the windows). At the
-# demo's 3-7 % noise that floors the spread at 8-18 % (the fixed 8 % floor this
-# replaced); at a GPU's 1 %, at 2.5 %, and a 25 % change of speed is 9 spreads away.
+# demo's 3-7 % noise that floors the spread at 8-18 %; at a GPU's 1 %, at 2.5 %, and a
+# 25 % change of speed is 9 spreads away.
 LEVEL_PER_WINDOW_NOISE = 2.5
 # How far a one-shot fresh process of the baseline settings may sit from the final
 # check's live arms before it counts as a disagreement: fresh processes and forked arms

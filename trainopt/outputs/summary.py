@@ -39,7 +39,7 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def bottleneck_text(diagnosis: dict[str, Any]) -> str:
-    """``compute-bound (the figure behind it)``; results written before the reason existed give their text."""
+    """``compute-bound (the figure behind it)``; results without a reason give their text."""
     verdict = diagnosis.get("bottleneck")
     if diagnosis.get("reason"):
         return f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})"

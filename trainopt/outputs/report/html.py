@@ -228,7 +228,7 @@ ROLE_TEXT = {"screen": "screen", "confirm": "confirmation", "holdout": "hold-out
 
 
 def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any] | None:
-    """The stability panel, or None for results written before the guard existed."""
+    """The stability panel, or None for results without a ``stability`` section."""
     info = doc.get("stability")
     if not isinstance(info, dict):
         return None
@@ -326,7 +326,7 @@ def _breakdown_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
         busy = number(breakdown.get("device_busy"))
         configs.append({
             "label": label,
-            # Results written before the reason existed carry the verdict in words only.
+            # Results without a reason carry the verdict in words only.
             "verdict": (f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})" if diagnosis.get("reason")
                         else str(diagnosis.get("text") or LABELS.get(verdict, verdict))),
             "device_busy": fmt_percent(busy) if busy is not None else None,
