@@ -149,3 +149,29 @@ def test_a_changed_number_is_caught():
     text = page("docs/deciding.md")
     assert f"`max_pairs` defaults to {MEASURE.max_pairs} because" in text
     assert f"`max_pairs` defaults to {MEASURE.max_pairs + 1} because" not in text
+
+
+def spec_listing() -> dict:
+    """The spec listing in docs/spec-and-knobs.md (its first YAML block), as data."""
+    import yaml
+
+    text = (ROOT / "docs" / "spec-and-knobs.md").read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert block, "docs/spec-and-knobs.md has no YAML block"
+    return yaml.safe_load(block.group(1))
+
+
+def test_the_spec_listing_gives_the_code_s_defaults():
+    from trainopt.contract.spec import LimitsSection
+
+    listed = spec_listing()
+    for section, model in (("measure", MeasureSection()), ("limits", LimitsSection()), ("check", CheckSection())):
+        code = model.model_dump(mode="json")
+        shown = listed[section]
+        assert shown, f"the listing has no {section} section"
+        differ = {k: (v, code.get(k, "(no such field)")) for k, v in shown.items() if code.get(k, "(no such field)") != v}
+        assert not differ, f"{section}: listed value against the code's default: {differ}"
+    from trainopt.contract.spec import BatchSearch
+
+    batch = BatchSearch()
+    assert f"also: margin ({batch.margin:g}), max_candidates ({batch.max_candidates})" in page("docs/spec-and-knobs.md")
