@@ -175,3 +175,11 @@ def test_the_spec_listing_gives_the_code_s_defaults():
 
     batch = BatchSearch()
     assert f"also: margin ({batch.margin:g}), max_candidates ({batch.max_candidates})" in page("docs/spec-and-knobs.md")
+
+
+def test_the_probe_items_line_shown_in_the_docs_is_the_summary_s():
+    from trainopt.outputs.summary import probe_items_line
+
+    line = probe_items_line({"sampled": 512, "dataset_len": 512, "largest": 2001, "median": 20, "smallest": 3,
+                             "in_batch": 25, "batch_size": 32, "unit": "elements"})
+    assert line in (ROOT / "docs" / "your-code.md").read_text(encoding="utf-8").splitlines()
