@@ -24,6 +24,7 @@ __all__ = [
     "rates",
     "search_summary",
     "probe_items_line",
+    "final_check_text",
     "headline",
     "env_text",
 ]
@@ -160,8 +161,9 @@ def search_summary(doc: dict[str, Any]) -> str:
         pairs = best.get("n_pairs", final.get("n_pairs"))
         ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({pairs} pairs)" if ci else ""
         lines.append(f"throughput: {b:,.1f} -> {a:,.1f} samples/s; speedup {doc.get('speedup') or 1:.3f}x{ci_text}")
-    if final.get("verdict") and final.get("verdict") != "unchanged":
-        lines.append(f"final check: {final['verdict']}: {final.get('reason')}")
+    final_text = final_check_text(doc)
+    if final_text:
+        lines.append(f"final check: {final_text}")
     if best.get("source"):
         lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
     lines += training_lines(doc.get("training_check"))
@@ -191,6 +193,22 @@ def search_summary(doc: dict[str, Any]) -> str:
     for warning in doc.get("warnings") or []:
         lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
+
+
+def final_check_text(doc: dict[str, Any]) -> str | None:
+    """The final check in one sentence, without the figures the speedup line already gives.
+
+    When the recommended settings are the final check's, the overall speedup, its interval
+    and its pairs are the final check's own: then only its verdict and the contradiction test
+    are new. Otherwise (a fallback) its figures are news and stay.
+    """
+    final = doc.get("final") or {}
+    verdict = final.get("verdict")
+    if not verdict or verdict == "unchanged":
+        return None
+    if (doc.get("best") or {}).get("source") == "final-check" and final.get("claim_text"):
+        return f"{verdict} over {final.get('n_pairs')} fresh pairs (the speedup above); {final['claim_text']}"
+    return f"{verdict}: {final.get('reason')}"
 
 
 def training_lines(check: dict[str, Any] | None) -> list[str]:

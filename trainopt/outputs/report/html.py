@@ -31,6 +31,7 @@ from trainopt.outputs.report.formats import (
 from trainopt.outputs.report.batch_pass import second_pass_context
 from trainopt.outputs.report.rows import format_value, speedup_rows
 from trainopt.outputs.report.training import training_section
+from trainopt.outputs.summary import final_check_text
 from trainopt.outputs.worth import not_tried_lines, worth_cards
 
 __all__ = [
@@ -484,7 +485,7 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         # Each fact once: for the final check's settings the source text says it all, and the
         # final check's own figures are on the line below.
         "source_reason": "" if source == "final-check" else sentence(best.get("reason")),
-        "final_reason": sentence(final.get("reason")),
+        "final_reason": sentence(final_check_text(doc)),
         "estimate": fmt_speedup(estimate) if estimate is not None else None,
         "elapsed": fmt_duration(doc.get("elapsed_s")),
         "trials_run": counts.get("trials_run", 0),
