@@ -239,7 +239,7 @@ def unnamed_modules(page_text: str, root: Path = ROOT) -> list[str]:
         if path.name == "__init__.py":
             continue
         # A subpackage listed as a whole (`workloads/`, `export/`, `frameworks/`) names its modules.
-        if path.parent.parent.name != "trainopt" and path.parent != root / "trainopt" and names(path.parent.name + "/"):
+        if len(path.relative_to(root / "trainopt").parts) >= 3 and names(path.parent.name + "/"):
             continue
         if not names(path.name) and rel not in named:
             missing.append(rel)
