@@ -448,8 +448,8 @@ def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str
 # How the report names where the recommended settings come from (results.json best.source).
 SOURCE_TEXTS = {
     "final-check": "the final settings, every kept change, which the final check does not contradict",
-    "first-kept-change": "the baseline plus the first kept change only: the last settings confirmed against the baseline",
-    "baseline": "the baseline settings: nothing else was confirmed against the baseline",
+    "first-kept-change": "the baseline plus the first kept change only",
+    "baseline": "the baseline settings",
 }
 
 
