@@ -183,3 +183,29 @@ def test_the_probe_items_line_shown_in_the_docs_is_the_summary_s():
     line = probe_items_line({"sampled": 512, "dataset_len": 512, "largest": 2001, "median": 20, "smallest": 3,
                              "in_batch": 25, "batch_size": 32, "unit": "elements"})
     assert line in (ROOT / "docs" / "your-code.md").read_text(encoding="utf-8").splitlines()
+
+
+def test_the_command_synopsis_names_every_flag():
+    import argparse
+
+    from trainopt.cli import build_parser
+
+    text = (ROOT / "docs" / "cli-and-storage.md").read_text(encoding="utf-8")
+    synopsis = text.split("## Commands", 1)[1].split("```", 2)[1]
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = []
+    for name, sub in commands.items():
+        lines = [line for line in synopsis.splitlines() if line.startswith(f"trainopt {name} ")]
+        assert lines, f"the synopsis has no line for trainopt {name}"
+        # A command's flags may go on over the indented lines right below it.
+        block = [lines[0]]
+        for line in synopsis.splitlines()[synopsis.splitlines().index(lines[0]) + 1:]:
+            if not line.startswith(" "):
+                break
+            block.append(line)
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help" and not any(flag in line for line in block):
+                    missing.append(f"trainopt {name} {flag}")
+    assert not missing, f"docs/cli-and-storage.md's synopsis does not name {missing}"
