@@ -112,6 +112,16 @@ def quotes() -> list[tuple[str, str]]:
         f"spread by more than {machine.CUT_SPREAD:g}x",
         f"less than {pct(machine.STARVED_SHARE)} of a core",
     ]
+    from trainopt.contract.run_block import DEFAULT_RUN_STEPS, RunCostsSection
+    from trainopt.decide.run_costs import BUDGET
+
+    spec_page = [
+        f"without a `run` block that judgement assumes {DEFAULT_RUN_STEPS:,} steps",
+        f"the fewest steps between two of them that keep it within {pct(BUDGET)}:",
+        f"| `eval_batches` | batches in one evaluation pass | {RunCostsSection().eval_batches} |",
+        f"| `check.training_steps` | optimizer steps of each training run (at least "
+        f"{next(c.ge for c in CheckSection.model_fields['training_steps'].metadata if hasattr(c, 'ge'))}); the last quarter is judged | {CheckSection().training_steps} |",
+    ]
     readme = [
         f"faster by more than a {pct(m.min_speedup)} margin with {pct(m.confidence)} confidence",
         f"at most {pct((1 - m.confidence) / 2)} **per knob** at the default {pct(m.confidence)} confidence",
@@ -124,7 +134,7 @@ def quotes() -> list[tuple[str, str]]:
         f"(with {m.max_pairs} pairs, the default:",
     ]
     return ([("docs/deciding.md", q) for q in deciding] + [("docs/measurement.md", q) for q in measurement]
-            + [("README.md", q) for q in readme])
+            + [("docs/spec-and-knobs.md", q) for q in spec_page] + [("README.md", q) for q in readme])
 
 
 @pytest.mark.parametrize("name, sentence", quotes(), ids=lambda v: v[:60])
