@@ -219,3 +219,15 @@ def test_the_command_synopsis_names_every_flag():
                 if flag.startswith("--") and flag != "--help" and not any(flag in line for line in block):
                     missing.append(f"trainopt {name} {flag}")
     assert not missing, f"docs/cli-and-storage.md's synopsis does not name {missing}"
+
+
+def test_the_readme_gives_the_requirements_pyproject_declares():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    python = project["requires-python"].removeprefix(">=")
+    torch = next(d for d in project["dependencies"] if d.startswith("torch>=")).removeprefix("torch>=").split(",")[0]
+    systems = [c for c in project["classifiers"] if c.startswith("Operating System ::")]
+    text = page("README.md")
+    assert f"Python ≥ {python}" in text and f"PyTorch ≥ {torch}" in text
+    assert systems == ["Operating System :: POSIX :: Linux"] and "Linux only" in text
