@@ -231,3 +231,16 @@ def test_the_readme_gives_the_requirements_pyproject_declares():
     text = page("README.md")
     assert f"Python ≥ {python}" in text and f"PyTorch ≥ {torch}" in text
     assert systems == ["Operating System :: POSIX :: Linux"] and "Linux only" in text
+
+
+def test_the_knob_table_lists_every_knob_with_the_catalog_s_default():
+    from trainopt.knobs.catalog import KNOBS, format_value
+
+    rows = {}
+    for line in (ROOT / "docs" / "spec-and-knobs.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"`\w+`", cells[0]) and cells[0].strip("`") in KNOBS:
+            rows[cells[0].strip("`")] = cells[2]
+    assert set(rows) == set(KNOBS), f"knob table rows differ from the catalog: {sorted(set(KNOBS) ^ set(rows))}"
+    differ = {name: (rows[name], knob.default) for name, knob in KNOBS.items() if rows[name] != format_value(knob.default)}
+    assert not differ, f"the knob table's default against the catalog's: {differ}"
