@@ -139,7 +139,7 @@ def claim_sentence(check: Mapping[str, Any], single: bool) -> str:
         return f"too few fresh pairs to test {what} against {claim}"
     if check.get("contradicted"):
         return (f"fresh pairs show {what} slower than {claim}: at most {check['upper']:.3f}x "
-                f"with {1 - check['level']:.0%} confidence")
+                f"with {100 * (1 - check['level']):.0f} % confidence")
     return f"fresh pairs do not show {what} slower than {claim}"
 
 
