@@ -19,11 +19,9 @@ windows should be about as noisy as the sessions before it.
   the incumbent's windows uneven on a steady machine: the arm, not the machine), and
   against a fixed ceiling when one is set.
 
-The caller (``trainopt.search.broker``) measures an unstable screen again after
-``settle_s`` (at most ``max_retries`` times); a session whose pairs feed a verdict or a
-reported figure (confirmation, held-out, final check) is kept and its verdict marked, and
-the next sessions wait ``settle_s``, so the guard never chooses which pairs a verdict
-sees. Everything here is plain data in, plain data out: no torch, no clock, no sleeping.
+The broker measures an unstable screen again (at most ``max_retries`` times); a pair session
+is kept, its verdict marked, and the next sessions wait ``settle_s``, so the guard picks no
+pairs. Everything here is plain data in, plain data out: no torch, no clock, no sleeping.
 """
 
 from __future__ import annotations
@@ -226,10 +224,8 @@ class StabilityGuard:
     """Tracks the incumbent's level and the window noise over a search, and judges sessions.
 
     Args:
-        max_retries: How many times the caller measures an unstable screen again (pair
-            sessions are kept, not measured again).
-        settle_s: How long the caller waits before measuring a screen again, or before the
-            next session after a kept unstable one.
+        max_retries: How many times the caller measures an unstable screen again.
+        settle_s: How long the caller waits before that, or after a kept unstable pair session.
         level_sd_floor: Smallest spread (log scale) a level's history is credited with;
             above it, ``level_noise`` times the incumbent's usual window noise (a quiet
             machine's session-to-session spread at that noise), so that a few lucky, close

@@ -200,8 +200,9 @@ class ConsoleProgress(NullProgress):
         figure = f"{result.samples_per_s:,.1f} samples/s" if result.samples_per_s else (result.error or "")
         line = f"  {self.current}{self._arm(result, session)}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
         if not self.quiet:
-            # A log file or a pipe gets each line whole: a terminal's width would break it mid-token.
-            self.console.print(line, markup=False, soft_wrap=not self.console.is_terminal)
+            # Each line whole, never broken at a width: a log file or a pipe has none (Rich would
+            # take 80 columns and break "(ETA" from "5m25s)"), and a terminal wraps by itself.
+            self.console.print(line, markup=False, soft_wrap=True)
         self._show()
 
     def trial_reused(self, cost: float = 1.0) -> None:
