@@ -1,9 +1,9 @@
-"""Simulated verdicts: the old confirmation loop against the sequential rule, side by side.
+"""Simulated verdicts: a stepwise confirmation loop ("old") against the sequential rule ("new"), side by side.
 
 Every confirmation draws fresh paired log-ratios ``r = log(candidate / incumbent)`` with a
 known true speedup, so false wins, detection, coverage and bias are counted exactly.
 
-* old: the loop ``Search.confirm`` runs today, called through ``stats.paired_interval``,
+* old: a loop that adds one pair at a time, called through ``stats.paired_interval``,
   ``stats.needs_more_pairs`` and ``stats.verdict`` (start at ``pairs``, add one pair at a
   time, stop when the verdict is decided or improvement is ruled out);
 * new: ``trainopt.decide.sequential.SequentialRule`` (alpha spent over planned looks), with the

@@ -20,6 +20,7 @@ import yaml
 
 from tests.conftest import ROOT
 from trainopt.cli import STARTERS
+from trainopt.version import __version__
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,9 @@ def test_the_metadata_names_the_license_as_spdx_and_no_urls(wheel):
     assert any(c.startswith("Topic ::") for c in classifiers)
     assert not any(c.startswith("License ::") for c in classifiers)  # the SPDX expression says it
     assert meta.get_all("Project-URL") is None and meta["Home-page"] is None
+    # The version is read from trainopt/version.py, the one place it is written.
+    assert meta["Version"] == __version__
+    assert sum(c.startswith("Development Status ::") for c in classifiers) == 1
     # Ray is its own extra, not part of the test extra.
     requires = meta.get_all("Requires-Dist")
     assert any(r.startswith("ray") and 'extra == "ray"' in r for r in requires)

@@ -156,7 +156,7 @@ class TrialResult:
     run_costs: dict[str, Any] | None = None
     # Probes only: the largest items of a bounded sample, of which each probe batch was made
     # (``trainopt.trial.probe_items``): sampled, dataset_len, largest, median, smallest, in_batch,
-    # unit. Optional, so results without it read as before.
+    # unit. Optional: a result without it (a trial that is no probe) is complete.
     probe_items: dict[str, Any] | None = None
     # Training-check runs (mode ``train``) only: ``losses`` (one per optimizer step, None
     # from the first non-finite one, where the run stops), ``order_seed``, and for fp16

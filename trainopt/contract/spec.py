@@ -266,8 +266,9 @@ class Spec(_Strict):
     def resolved(self) -> dict[str, Any]:
         """The spec with every default filled in, as plain data (YAML/JSON-ready).
 
-        ``step`` and ``data.collate`` appear only when set, so a spec that uses neither
-        resolves (and fingerprints) exactly as it did before they existed.
+        ``step``, ``run`` and ``run_length_steps`` appear only when set, so a spec that uses
+        none of them resolves (and fingerprints) to the same plain data whether or not the
+        version reading it knows these fields.
         """
         out = self.model_dump(mode="json")
         for key in ("step", "run", "run_length_steps"):

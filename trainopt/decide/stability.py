@@ -19,9 +19,9 @@ windows should be about as noisy as the sessions before it.
   the incumbent's windows uneven on a steady machine: the arm, not the machine), and
   against a fixed ceiling when one is set.
 
-The caller re-runs an unstable session after ``settle_s`` (at most ``max_retries``
-times) and marks the verdict when the last attempt is still unstable. Everything here is
-plain data in, plain data out: no torch, no clock, no sleeping.
+The broker measures an unstable screen again (at most ``max_retries`` times); a pair session
+is kept, its verdict marked, and the next sessions wait ``settle_s``, so the guard picks no
+pairs. Everything here is plain data in, plain data out: no torch, no clock, no sleeping.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ _MEDIAN_VARIANCE = math.pi / 2
 # A quiet machine's session-to-session spread of one incumbent's level per unit of its
 # usual window noise: 1.4-2.5 over each stage of a recorded demo run (2-core CPU; the
 # process offset and the session's shared load move the level, not the windows). At the
-# demo's 3-7 % noise that floors the spread at 8-18 % (the fixed 8 % floor this
-# replaced); at a GPU's 1 %, at 2.5 %, and a 25 % change of speed is 9 spreads away.
+# demo's 3-7 % noise that floors the spread at 8-18 %; at a GPU's 1 %, at 2.5 %, and a
+# 25 % change of speed is 9 spreads away.
 LEVEL_PER_WINDOW_NOISE = 2.5
 # How far a one-shot fresh process of the baseline settings may sit from the final
 # check's live arms before it counts as a disagreement: fresh processes and forked arms
@@ -224,8 +224,8 @@ class StabilityGuard:
     """Tracks the incumbent's level and the window noise over a search, and judges sessions.
 
     Args:
-        max_retries: How many times the caller re-runs an unstable session.
-        settle_s: How long the caller waits before a re-run.
+        max_retries: How many times the caller measures an unstable screen again.
+        settle_s: How long the caller waits before that, or after a kept unstable pair session.
         level_sd_floor: Smallest spread (log scale) a level's history is credited with;
             above it, ``level_noise`` times the incumbent's usual window noise (a quiet
             machine's session-to-session spread at that noise), so that a few lucky, close

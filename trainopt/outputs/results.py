@@ -41,7 +41,7 @@ def _recommended_changes(doc: dict[str, Any]) -> list[dict[str, Any]]:
         return kept[:1]
     if source == "baseline":
         return []
-    return kept  # final-check, or a results file written before ``source`` existed
+    return kept  # final-check, or a results file without ``source``
 
 
 def _spec_optimizer(spec_resolved: dict[str, Any]) -> dict[str, Any] | None:

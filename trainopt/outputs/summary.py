@@ -24,6 +24,7 @@ __all__ = [
     "rates",
     "search_summary",
     "probe_items_line",
+    "final_check_text",
     "headline",
     "env_text",
 ]
@@ -39,7 +40,7 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def bottleneck_text(diagnosis: dict[str, Any]) -> str:
-    """``compute-bound (the figure behind it)``; results written before the reason existed give their text."""
+    """``compute-bound (the figure behind it)``; results without a reason give their text."""
     verdict = diagnosis.get("bottleneck")
     if diagnosis.get("reason"):
         return f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})"
@@ -160,8 +161,9 @@ def search_summary(doc: dict[str, Any]) -> str:
         pairs = best.get("n_pairs", final.get("n_pairs"))
         ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}] ({pairs} pairs)" if ci else ""
         lines.append(f"throughput: {b:,.1f} -> {a:,.1f} samples/s; speedup {doc.get('speedup') or 1:.3f}x{ci_text}")
-    if final.get("verdict") and final.get("verdict") != "unchanged":
-        lines.append(f"final check: {final['verdict']}: {final.get('reason')}")
+    final_text = final_check_text(doc)
+    if final_text:
+        lines.append(f"final check: {final_text}")
     if best.get("source"):
         lines.append(f"recommended (best.yaml): {best['source']}: {best.get('reason')}")
     lines += training_lines(doc.get("training_check"))
@@ -193,6 +195,22 @@ def search_summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def final_check_text(doc: dict[str, Any]) -> str | None:
+    """The final check in one sentence, without the figures the speedup line already gives.
+
+    When the recommended settings are the final check's, the overall speedup, its interval
+    and its pairs are the final check's own: then only its verdict and the contradiction test
+    are new. Otherwise (a fallback) its figures are news and stay.
+    """
+    final = doc.get("final") or {}
+    verdict = final.get("verdict")
+    if not verdict or verdict == "unchanged":
+        return None
+    if (doc.get("best") or {}).get("source") == "final-check" and final.get("claim_text"):
+        return f"{verdict} over {final.get('n_pairs')} fresh pairs (the speedup above); {final['claim_text']}"
+    return f"{verdict}: {final.get('reason')}"
+
+
 def training_lines(check: dict[str, Any] | None) -> list[str]:
     """The training check in the summary: its verdict, what it left out, the fp16 scaler's skips."""
     if not check:
@@ -214,10 +232,11 @@ def probe_items_line(items: dict[str, Any] | None) -> str | None:
         return None
     whole = "the whole data set" if items.get("sampled") == items.get("dataset_len") else (
         f"a sample of {items.get('sampled')} of {items.get('dataset_len')} items")
+    unit = items.get("unit", "elements")
     return (
-        f"batch-size probes: each probe batch held the largest items in {whole} "
-        f"(largest {items.get('largest')} {items.get('unit', 'elements')}, median {items.get('median', 0):g}; "
-        f"a batch of {items.get('batch_size')} down to {items.get('in_batch')})"
+        f"batch-size probes: each probe batch held the largest items in {whole}: "
+        f"{items.get('largest')} {unit} down to {items.get('in_batch')} {unit} per item "
+        f"(the median item has {items.get('median', 0):g})"
     )
 
 

@@ -36,8 +36,9 @@ Schema (``schema_version`` 1)::
                                  # and nothing is confirmed)
     final: {verdict, reason, n_pairs, speedup, ci, samples_per_s, baseline_samples_per_s,
             contradicted, claim_check: {claim, upper, level, contradicted, n_pairs},
-            reused_pairs?, unstable?}
+            claim_text, reused_pairs?, unstable?}
                                  # the final check of the final settings, whatever its verdict;
+                                 # claim_text: the contradiction test in plain words;
                                  # reused_pairs: how many of its pairs are the only kept
                                  # change's held-out pairs (the same comparison)
     training_check: {verdict: same|worse|diverged|inconclusive|not_needed|not_checked, reason,

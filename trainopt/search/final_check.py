@@ -8,6 +8,7 @@ from typing import Any
 from trainopt.decide import plan
 from trainopt.decide.recommendation import (
     check_claim,
+    claim_sentence,
     claimed_speedup,
     final_pairs,
     pooled_pair_sd,
@@ -104,10 +105,8 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
     iv = holdout_estimate(logs, m.confidence, m.interval)
     check = check_claim(logs, claim)
     reason = f"{iv.speedup:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {iv.n} fresh pairs"
-    if check.upper is not None:
-        reason += (f"; {'contradicts' if check.contradicted else 'does not contradict'} the kept changes: its "
-                   f"{1 - check.level:.1%} upper bound {check.upper:.3f}x is {'below' if check.contradicted else 'at or above'} "
-                   f"the {check.claim:.3f}x they claim together")
+    claim_text = claim_sentence(check.to_dict(), single=len(kept) == 1)
+    reason += f"; {claim_text}"
     if reused:
         reason += f" ({label}{f'; and {more} more' if more else ''})"
         out["reused_pairs"] = n - more
@@ -115,7 +114,7 @@ def final_check(broker: TrialBroker, held_out: HeldOutSessions, base: dict[str, 
         out["unstable"] = "; ".join(unstable)
     return {**out, "verdict": stats.verdict(iv, m.min_speedup), "reason": reason,
             "speedup": iv.speedup, "ci": [iv.low, iv.high], "n_pairs": iv.n,
-            "contradicted": check.contradicted, "claim_check": check.to_dict()}
+            "contradicted": check.contradicted, "claim_check": check.to_dict(), "claim_text": claim_text}
 
 
 def final_warnings(state: SearchState, first_screen_rate: float | None) -> list[str]:

@@ -90,6 +90,7 @@ class ConsoleProgress(NullProgress):
         self.current = ""
         self.stage_name = ""
         self._role = ""
+        self._knob = ""
         self._sessions: dict[str, tuple[list[str], float]] = {}
         self._bar = self._task = None
         if self.live:
@@ -133,7 +134,7 @@ class ConsoleProgress(NullProgress):
     def stage(self, stage: str, detail: str) -> None:
         self.stage_name = stage
         if not self.quiet and not self.live:
-            self.console.print(f"== {stage}: {detail}", markup=False)
+            self.console.print(f"== {stage}: {detail}", markup=False, soft_wrap=True)
         self._show()
 
     def set_remaining(self, trials: float) -> None:
@@ -147,8 +148,18 @@ class ConsoleProgress(NullProgress):
 
     def trial_started(self, **info: Any) -> None:
         self._role = str(info.get("role") or "")
+        self._knob = str(info.get("knob") or "")
         self.current = f"{info.get('knob')} {info.get('role')} {info.get('detail', '')}".strip()
         self._show()
+
+    def _arm(self, result: Any, session: dict | None) -> str:
+        """`` [arm 2 of 2: amp=bf16]`` for an arm of a session, so alternating figures say whose they are."""
+        session = session or getattr(result, "session", None)
+        if not isinstance(session, dict) or session.get("arms", 1) < 2 or "arm" not in session:
+            return ""
+        settings = getattr(result, "settings", None)
+        value = f": {self._knob}={settings[self._knob]}" if isinstance(settings, dict) and self._knob in settings else ""
+        return f" [arm {session['arm'] + 1} of {session['arms']}{value}]"
 
     def _kind(self, result: Any) -> tuple[str | None, dict | None]:
         """The trial's kind (``plan.arm_kind``) and its session, or None where not known."""
@@ -187,9 +198,11 @@ class ConsoleProgress(NullProgress):
         if self.expected is not None:
             self.expected = max(0.0, self.expected - 1)
         figure = f"{result.samples_per_s:,.1f} samples/s" if result.samples_per_s else (result.error or "")
-        line = f"  {self.current}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
+        line = f"  {self.current}{self._arm(result, session)}: {result.status} {figure}  (ETA {format_duration(self._eta())})"
         if not self.quiet:
-            self.console.print(line, markup=False)
+            # Each line whole, never broken at a width: a log file or a pipe has none (Rich would
+            # take 80 columns and break "(ETA" from "5m25s)"), and a terminal wraps by itself.
+            self.console.print(line, markup=False, soft_wrap=True)
         self._show()
 
     def trial_reused(self, cost: float = 1.0) -> None:

@@ -2,9 +2,10 @@
 
 It reads top to bottom like a plain training script: apply the knobs, build the loader,
 warm up (discarded), calibrate how many steps fill a window, then time fixed windows of
-real steps over the real DataLoader. The device is synchronized only at window edges,
-so the figure is what a training run actually gets, not what an un-synchronized clock
-suggests. Where a step's time goes is measured after the timed windows, never inside them
+real steps over the real DataLoader. The device is synchronized at every window edge, so
+the figure is what a training run actually gets, not what an un-synchronized clock
+suggests; inside a window the loss is read on the host (a sync) every ``sync_every``
+optimizer steps, as a logging loop does (every step at the default 1). Where a step's time goes is measured after the timed windows, never inside them
 (``trainopt.trial.breakdown``, through the ``phases`` hook of ``Trainer.step``).
 """
 

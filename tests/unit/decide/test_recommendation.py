@@ -13,6 +13,7 @@ from trainopt.decide.recommendation import (
     CONTRADICTION_LEVEL,
     SOURCES,
     check_claim,
+    claim_sentence,
     claimed_speedup,
     final_pairs,
     pooled_pair_sd,
@@ -50,10 +51,25 @@ def test_a_final_check_that_does_not_contradict_keeps_every_change_with_its_own_
     assert "does not contradict" in r.reason
 
 
+def test_the_claim_sentence_says_the_test_in_plain_words():
+    kept_two = check_claim([math.log(1.3)] * 4 + [math.log(1.2)] * 4, 1.1).to_dict()
+    assert claim_sentence(kept_two, single=False) == (
+        "fresh pairs do not show the combination slower than the 1.100x its changes claim together "
+        "(the product of their confirmed lower bounds)")
+    slow = check_claim([math.log(0.9), math.log(0.92), math.log(0.95), math.log(0.91), math.log(0.93), math.log(0.94)], 1.03)
+    assert slow.contradicted
+    text = claim_sentence(slow.to_dict(), single=True)
+    assert text.startswith("fresh pairs show the change slower than the 1.030x margin a single change must clear: at most ")
+    assert text.endswith(f"x with {100 * (1 - slow.level):.0f} % confidence") and "upper bound" not in text
+    assert claim_sentence({"claim": 1.03, "upper": None, "level": 0.0, "contradicted": False}, single=True) == (
+        "too few fresh pairs to test the change against the 1.030x margin a single change must clear")
+
+
 def test_a_contradicting_final_check_falls_back_to_the_first_kept_change():
     r = recommend(BASE, 100.0, DECISIONS, final(BOTH, True, 0.99, "equivalent"))
     assert (r.source, r.settings, r.speedup, r.ci, r.samples_per_s) == ("first-kept-change", AMP, 1.5, [1.4, 1.6], 150.0)
-    assert r.reason.startswith("the final check of the combined settings said equivalent (equivalent reason)")
+    assert r.reason.startswith("the final check of the combined settings said equivalent;")
+    assert "equivalent reason" not in r.reason  # the final check's own line gives its reason, once
 
 
 def test_the_only_kept_change_contradicted_by_its_final_check_leaves_the_baseline():

@@ -504,6 +504,9 @@ def test_the_summary_says_which_confirmation_backs_the_recommended_settings(tmp_
     recommended = re.search(r'<p id="recommended">(.*?)</p>', html, re.S).group(1)
     assert "the baseline plus the first kept change only" in recommended
     assert "amp off -&gt; bf16" in recommended
+    # The reason is a sentence of its own, and says the final check's figures nowhere twice.
+    assert "</span>" in recommended and ". <span class=\"muted\">These are the last settings" in recommended
+    assert html.count("0.800x [0.700, 0.900] over 6 pairs") == 1
     assert "over 4 pairs" in html
     # The speedup card shows the recommended settings' figure, so not the final check's verdict.
     card = re.search(r'Overall speedup</div>(.*?)</div>\s*</div>', html, re.S).group(1)

@@ -49,7 +49,7 @@ def test_a_terminal_shows_a_bar_with_stage_trials_elapsed_and_eta():
     assert "elapsed" in last and "0:00:0" in last
     assert "ETA " in last and "ETA ?" not in last
     # The trial lines stay above the bar.
-    assert "compile confirm compile=off vs default: ok 100.0 samples/s" in out
+    assert "compile confirm compile=off vs default [arm 1 of 2: compile=off]: ok 100.0 samples/s" in out
 
 
 def test_a_log_gets_plain_lines_and_no_bar():
@@ -62,6 +62,33 @@ def test_a_log_gets_plain_lines_and_no_bar():
     assert lines[1].startswith("  baseline baseline: ok 100.0 samples/s  (ETA ?)")
     assert lines[2] == "== compile: compile"
     assert len(lines) == 5 and all("ETA" in line for line in lines[3:])
+
+
+def test_each_arm_line_names_its_arm():
+    stream = io.StringIO()
+    drive(ConsoleProgress(stream=stream, terminal=False))
+    lines = stream.getvalue().splitlines()
+    assert "compile confirm compile=off vs default [arm 1 of 2: compile=off]: ok" in lines[3]
+    assert "compile confirm compile=off vs default [arm 2 of 2: compile=default]: ok" in lines[4]
+    # A one-shot trial is no arm of a session.
+    assert "[arm" not in lines[1]
+
+
+def test_a_log_file_gets_whole_lines_however_long(tmp_path):
+    # Outside a terminal no line is wrapped at a width: grep finds "(ETA 5m25s)" on one line.
+    log = tmp_path / "search.log"
+    detail = "num_workers=" + " vs ".join(str(n) for n in range(40))
+    with log.open("w") as stream:
+        progress = ConsoleProgress(stream=stream)
+        progress.stage("input pipeline", "screening " + detail)
+        progress.trial_started(stage="input pipeline", knob="num_workers", role="screen", detail=detail, arms=2)
+        progress.trial_finished(arm({"num_workers": 0}, {"id": "screen/num_workers/1", "arm": 0, "arms": 2}), wall_s=3.0)
+        progress.close()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0] == f"== input pipeline: screening {detail}"
+    assert lines[1].startswith(f"  num_workers screen {detail} [arm 1 of 2: num_workers=0]: ok 100.0 samples/s  (ETA")
+    assert lines[1].endswith(")") and len(lines[1]) > 200
 
 
 def test_quiet_prints_nothing_even_on_a_terminal():

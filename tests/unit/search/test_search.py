@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -259,7 +260,8 @@ def test_a_final_check_that_regresses_falls_back_to_the_first_confirmed_change(t
     best = doc["best"]
     assert best["source"] == "first-kept-change"
     assert best["settings"] == {**spec.baseline, "amp": "bf16"}
-    assert "regressed" in best["reason"] and "amp off -> bf16" in best["reason"]
+    # The reason says what the final check did; its verdict and figures are its own line's.
+    assert "the final check contradicts the kept changes together" in best["reason"] and "amp off -> bf16" in best["reason"]
     amp = by_knob(doc, "amp")[0]
     assert doc["speedup"] == amp["speedup"] and doc["speedup_ci"] == amp["ci"]
     written = _best_yaml(tmp_path, doc, spec)
@@ -524,11 +526,33 @@ def test_the_cli_summary_says_where_the_recommended_settings_come_from(tmp_path)
     runner = FakeRunner({("amp", "bf16"): 1.5}, final_factor=0.5, late_roles=("holdout", "final"))
     search, _ = make_search(tmp_path, runner, {"amp": ["off", "bf16"]})
     text = _summary(search.run())
-    assert "recommended (best.yaml): baseline: the final check of the combined settings said regressed" in text
+    assert "recommended (best.yaml): baseline: the final check contradicts the kept change;" in text
+    assert text.count("fresh pairs show the change slower than") == 1
     assert "final check: regressed:" in text
     # The baseline stays: one throughput figure, not the final check's baseline arms against the
     # one-shot baseline trial as if they were before and after.
     assert "samples/s (the baseline stays); speedup 1.000x" in text and " -> " not in text.split("throughput:")[1].split("\n")[0]
+
+
+def test_the_summary_and_the_report_say_the_final_check_once(tmp_path):
+    from trainopt.outputs.report import write_report
+    from trainopt.outputs.summary import search_summary as _summary
+
+    search, _ = make_search(tmp_path, FakeRunner({("amp", "bf16"): 1.5}), {"amp": ["off", "bf16"]})
+    doc = search.run()
+    assert doc["best"]["source"] == "final-check"
+    text = _summary(doc)
+    claim = "fresh pairs do not show the change slower than the 1.030x margin a single change must clear"
+    assert doc["final"]["claim_text"] == claim
+    assert text.count(claim) == 1 and "contradict" not in text.replace("does not contradict them", "")
+    assert "recommended (best.yaml): final-check: every kept change: the final check does not contradict them" in text
+    # The final check's figures are the speedup line's: its own line gives the verdict and the test only.
+    final_line = next(line for line in text.splitlines() if line.startswith("final check: "))
+    assert "[" not in final_line and "(the speedup above)" in final_line
+    html = write_report(tmp_path, doc).read_text(encoding="utf-8")
+    assert html.count(claim) == 1
+    # A sentence in the report starts with a capital.
+    assert re.search(r"Final check: [A-Z][a-z]+ over \d+ fresh pairs \(the speedup above\); fresh pairs", html)
 
 
 def test_the_results_document_is_made_from_a_plain_state(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["number", "fmt_rate", "fmt_speedup", "fmt_interval", "fmt_percent", "fmt_bytes", "fmt_duration", "fmt_steps", "sort_value"]
+__all__ = ["number", "fmt_rate", "fmt_speedup", "fmt_interval", "fmt_percent", "fmt_bytes", "fmt_duration", "fmt_steps", "sort_value", "sentence"]
 
 
 def number(value: Any) -> float | None:
@@ -17,6 +17,12 @@ def number(value: Any) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def sentence(text: Any) -> str:
+    """``text`` as a sentence: its first letter a capital, nothing else changed (empty stays empty)."""
+    text = str(text or "").strip()
+    return text[:1].upper() + text[1:]
 
 
 def fmt_rate(value: Any, unit: bool = True) -> str:

@@ -25,11 +25,13 @@ from trainopt.outputs.report.formats import (
     fmt_speedup,
     fmt_steps,
     number,
+    sentence,
     sort_value,
 )
 from trainopt.outputs.report.batch_pass import second_pass_context
 from trainopt.outputs.report.rows import format_value, speedup_rows
 from trainopt.outputs.report.training import training_section
+from trainopt.outputs.summary import final_check_text
 from trainopt.outputs.worth import not_tried_lines, worth_cards
 
 __all__ = [
@@ -227,7 +229,7 @@ ROLE_TEXT = {"screen": "screen", "confirm": "confirmation", "holdout": "hold-out
 
 
 def _stability_section(doc: dict[str, Any], image: str | None) -> dict[str, Any] | None:
-    """The stability panel, or None for results written before the guard existed."""
+    """The stability panel, or None for results without a ``stability`` section."""
     info = doc.get("stability")
     if not isinstance(info, dict):
         return None
@@ -325,7 +327,7 @@ def _breakdown_section(doc: dict[str, Any], image: str | None) -> dict[str, Any]
         busy = number(breakdown.get("device_busy"))
         configs.append({
             "label": label,
-            # Results written before the reason existed carry the verdict in words only.
+            # Results without a reason carry the verdict in words only.
             "verdict": (f"{LABELS.get(verdict, verdict)} ({diagnosis['reason']})" if diagnosis.get("reason")
                         else str(diagnosis.get("text") or LABELS.get(verdict, verdict))),
             "device_busy": fmt_percent(busy) if busy is not None else None,
@@ -446,8 +448,8 @@ def _settings_texts(doc: dict[str, Any], out_dir: Path) -> tuple[str | None, str
 # How the report names where the recommended settings come from (results.json best.source).
 SOURCE_TEXTS = {
     "final-check": "the final settings, every kept change, which the final check does not contradict",
-    "first-kept-change": "the baseline plus the first kept change only: the last settings confirmed against the baseline",
-    "baseline": "the baseline settings: nothing else was confirmed against the baseline",
+    "first-kept-change": "the baseline plus the first kept change only",
+    "baseline": "the baseline settings",
 }
 
 
@@ -480,8 +482,10 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         "verdict": (final.get("verdict") or "") if source in (None, "final-check") else "",
         "source": source or "",
         "source_text": SOURCE_TEXTS.get(source, ""),
-        "source_reason": best.get("reason") or "",
-        "final_reason": final.get("reason") or "",
+        # Each fact once: for the final check's settings the source text says it all, and the
+        # final check's own figures are on the line below.
+        "source_reason": "" if source == "final-check" else sentence(best.get("reason")),
+        "final_reason": sentence(final_check_text(doc)),
         "estimate": fmt_speedup(estimate) if estimate is not None else None,
         "elapsed": fmt_duration(doc.get("elapsed_s")),
         "trials_run": counts.get("trials_run", 0),
