@@ -107,7 +107,6 @@ def quotes() -> list[tuple[str, str]]:
         f"±{pct(default(final_disagreement, 'baseline_tolerance'))} when it has fewer than three arms",
         "twice or half the arms' rate" if FRESH_PROCESS_TOLERANCE == 2.0 else f"{FRESH_PROCESS_TOLERANCE}",
         f"other processes used more than {pct(machine.BUSY_SHARE)} of its CPUs",
-        f"exceeds {machine.LOAD_PER_CPU:g} per CPU",
         f"within {pct(machine.NORMAL_NOISE)}, the band of a quiet machine",
         f"spread by more than {machine.CUT_SPREAD:g}x",
         f"less than {pct(machine.STARVED_SHARE)} of a core",
