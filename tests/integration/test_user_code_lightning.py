@@ -61,4 +61,4 @@ def test_a_search_over_batch_size_and_workers_finishes_and_probes_the_longest_it
     items = doc["batch_size"]["probe_items"]
     # 128 items, all sampled: the one of 2000 token ids (and its label) is the largest.
     assert items["sampled"] == 128 and items["largest"] == 2001 and items["median"] < 40
-    assert "batch-size probes: each probe batch held the largest items in the whole data set (largest 2001" in proc.stdout
+    assert "batch-size probes: each probe batch held the largest items in the whole data set: 2001 " in proc.stdout
