@@ -22,7 +22,7 @@ confirmation.
 
 Usage:
     python benchmarks/guard_verdicts.py [--reps 400] [--cases offsets ar1 skew power demo] [--max-pairs 40]
-        [--guard-off-too] [--rerun-pairs]
+        [--guard-off-too] [--rerun-pairs] [--rhos 0.1 0.2 0.3] [--rho-margin X] [--seed0 0]
 
 ``--rerun-pairs`` lets the guard re-run flagged pair sessions and drop their pairs, judged on
 the incumbent arm alone: the data selection the search does not do, for comparison.
@@ -44,6 +44,7 @@ from scipy.stats import beta  # noqa: E402
 from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fakes import SKEW_MEAN, FakeRunner, MemoryStore  # noqa: E402
 from trainopt.contract.spec import spec_from_dict  # noqa: E402
+from trainopt.decide import dependence  # noqa: E402
 from trainopt.decide.stability import StabilityGuard  # noqa: E402
 from trainopt.search.search import Search  # noqa: E402
 
@@ -71,6 +72,12 @@ def improved_rate(tmp: Path, reps: int, *, effect: float, guard: bool = True, ma
     return wins, pairs / reps
 
 
+def ar1_case(rho: float) -> tuple[str, dict]:
+    """Each configuration's speed drifting as AR(1) over sessions: pair log-ratios with lag-1 autocorrelation ``rho``."""
+    return (f"AR(1) lag-1 {rho}, pair sd 0.06", dict(window_sd=0.02, windows=8, session_sd=0.01, arm_sd=0.0,
+                                                    drift=(rho, 0.06 / math.sqrt(2))))
+
+
 CASES = {
     "offsets": [
         ("1 % windows, +0.15 in 10 % of processes", dict(window_sd=0.01, windows=8, session_sd=0.01, arm_sd=0.02,
@@ -80,8 +87,7 @@ CASES = {
         ("2 % windows, +0.25 in 10 % of processes", dict(window_sd=0.02, windows=8, session_sd=0.01, arm_sd=0.02,
                                                           offsets=(0.10, 0.25))),
     ],
-    "ar1": [(f"AR(1) lag-1 {rho}, pair sd 0.06", dict(window_sd=0.02, windows=8, session_sd=0.01, arm_sd=0.0,
-                                                     drift=(rho, 0.06 / math.sqrt(2)))) for rho in (0.1, 0.2, 0.3)],
+    "ar1": [],  # ar1_case(rho) for each --rhos
     "skew": [("80/20 mixture, pair sd 0.02", dict(window_sd=0.02, windows=8, session_sd=0.01, arm_sd=0.02 / math.sqrt(2),
                                                   skewed={("amp", "bf16"): "mixture"}))],
     "power": [(f"clean, pair sd {sd}", dict(window_sd=0.02, windows=8, session_sd=0.01, arm_sd=sd / math.sqrt(2)))
@@ -119,6 +125,10 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", choices=[*CASES, "demo"], default=[*CASES, "demo"])
     ap.add_argument("--max-pairs", type=int, default=40)
     ap.add_argument("--guard-off-too", action="store_true", help="also run the offsets rows with the guard off")
+    ap.add_argument("--rhos", type=float, nargs="+", default=[0.1, 0.2, 0.3], help="lag-1 autocorrelations of the ar1 rows")
+    ap.add_argument("--rho-margin", type=float, default=None,
+                    help="standard errors added to the credited autocorrelation (decide.dependence.RHO_MARGIN)")
+    ap.add_argument("--seed0", type=int, default=0, help="first seed of every row")
     ap.add_argument("--rerun-pairs", action="store_true",
                     help="let the guard re-run pair sessions too and drop the flagged pairs (for comparison)")
     args = ap.parse_args()
@@ -126,8 +136,12 @@ def main() -> None:
         from trainopt.search import broker
 
         broker.KEEP_ROLES = ()
+    if args.rho_margin is not None:
+        dependence.RHO_MARGIN = args.rho_margin
+    CASES["ar1"] = [ar1_case(rho) for rho in args.rhos]
     tmp = Path(tempfile.mkdtemp())
-    print(f"knob amp off -> bf16; pairs 6, max_pairs {args.max_pairs}, 95 %, min_speedup {MARGIN}; {args.reps} searches per row")
+    print(f"knob amp off -> bf16; pairs 6, max_pairs {args.max_pairs}, 95 %, min_speedup {MARGIN}; {args.reps} searches per row "
+          f"(seeds {args.seed0}-{args.seed0 + args.reps - 1}); RHO_MARGIN {dependence.RHO_MARGIN}")
     print("| case | guard | true ratio of mean throughputs | improved (95 % upper) | mean pairs |")
     print("|---|---|---|---|---|")
     for case in [c for c in args.cases if c != "demo"]:
@@ -142,7 +156,8 @@ def main() -> None:
                 truth = effect = 1 + MARGIN
             guards = (True, False) if case == "offsets" and args.guard_off_too else (True,)
             for guard in guards:
-                k, pairs = improved_rate(tmp, args.reps, effect=effect, guard=guard, max_pairs=args.max_pairs, **kw)
+                k, pairs = improved_rate(tmp, args.reps, effect=effect, guard=guard, max_pairs=args.max_pairs,
+                                         seed0=args.seed0, **kw)
                 print(f"| {name} | {'on' if guard else 'off'} | {truth:.2f} | {k / args.reps:.1%} "
                       f"(≤ {upper(k, args.reps):.1%}) | {pairs:.1f} |", flush=True)
     if "demo" in args.cases:

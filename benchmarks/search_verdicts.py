@@ -14,8 +14,12 @@ their reported interval.
 Usage:
     python benchmarks/search_verdicts.py [--reps 400] [--rule sequential|old|both] [--max-pairs 14 20]
         [--sd 0.06 0.10 0.165] [--min-speedup 0.03] [--rescreen-floor off 0.9] [--projection 0.99 off]
-        [--effects 1.0 1.05 1.10 1.25]
+        [--effects 1.0 1.05 1.10 1.25] [--guard on|off]
         (A/A rows always also at min_speedup 0)
+
+Every search has the CLI's stability guard (``StabilityGuard()``: flagged sessions of a
+comparison are kept and marked, screens re-run), as users run it; ``--guard off`` builds
+them without one.
 
 ``--projection`` sets the sequential rule's ``projection_confidence`` (the futility stop by
 projection; ``off`` disables it) for every confirmation the search builds.
@@ -53,7 +57,18 @@ from trainopt.contract.spec import spec_from_dict  # noqa: E402
 from trainopt.decide.confirmation import IntervalRule  # noqa: E402
 from trainopt.decide.screen import RESCREEN_FLOOR  # noqa: E402
 from trainopt.decide.sequential import SequentialRule  # noqa: E402
+from trainopt.decide.stability import StabilityGuard  # noqa: E402
 from trainopt.search.search import Search  # noqa: E402
+
+# The CLI's stability guard in every search (``--guard off``: none, as before the guard kept pairs).
+GUARD = True
+
+
+def make_search(spec, tmp: Path, runner, **kw) -> Search:
+    """A ``Search`` as the CLI builds it: with the stability guard unless ``--guard off``."""
+    search = Search(spec, tmp, runner, MemoryStore(), guard=StabilityGuard() if GUARD else None, **kw)
+    search.broker.sleep = lambda s: None  # the guard's settle waits: simulated time
+    return search
 
 _FROM_MEASURE = SequentialRule.from_measure.__func__
 
@@ -73,7 +88,7 @@ def row(tmp: Path, reps: int, *, effect: float, sd: float, values, winner, min_s
         spec = spec_from_dict(tiny_spec_dict(search={"num_workers": list(values)}, measure=measure), "t.yaml", tmp)
         runner = FakeRunner({("num_workers", winner): effect}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
         rule = IntervalRule.from_measure(spec.measure) if old else None
-        search = Search(spec, tmp, runner, MemoryStore(), rule=rule)
+        search = make_search(spec, tmp, runner, rule=rule)
         search.stage.screener.rescreen_floor = rescreen_floor
         doc = search.run()
         ds = [d for d in doc["decisions"] if d["knob"] == "num_workers"]
@@ -109,7 +124,7 @@ def scope_table(tmp: Path, reps: int, knobs: int, sd: float) -> None:
                 spec = spec_from_dict(tiny_spec_dict(search={k: SCOPE_KNOBS[k] for k in names}, measure=measure), "t.yaml", tmp)
                 real_knob = (names[0], SCOPE_KNOBS[names[0]][1])
                 runner = FakeRunner({real_knob: 1.10} if real else {}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
-                doc = Search(spec, tmp, runner, MemoryStore()).run()
+                doc = make_search(spec, tmp, runner).run()
                 kept = [d for d in doc["decisions"] if d["kept"]]
                 any_false += any((d["knob"], d["to"]) != real_knob or not real for d in kept)
                 adopted += real and any((d["knob"], d["to"]) == real_knob for d in kept)
@@ -141,7 +156,7 @@ def skew_table(tmp: Path, reps: int, sd: float) -> None:
                     effect = mean_ratio / SKEW_MEAN[shape]
                     runner = FakeRunner({("amp", "bf16"): effect}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed,
                                         skewed={("amp", "bf16"): shape})
-                    doc = Search(spec, tmp, runner, MemoryStore()).run()
+                    doc = make_search(spec, tmp, runner).run()
                     wins += any(d["verdict"] == "improved" for d in doc["decisions"] if d["knob"] == "amp")
                 sequential.SequentialRule.__init__ = original
                 print(f"| {shape} | {mean_ratio} | {'rank and mean (default)' if agrees else 'rank interval alone'} | "
@@ -163,7 +178,12 @@ def main() -> None:
     ap.add_argument("--projection", nargs="+", default=["0.99"],
                     help="the rule's projection_confidence; 'off': no futility stop by projection")
     ap.add_argument("--effects", type=float, nargs="+", default=[1.0, 1.05, 1.10, 1.25], help="true effects of the rows")
+    ap.add_argument("--guard", choices=["on", "off"], default="on",
+                    help="the CLI's stability guard in every search (on, as users run it) or none")
     args = ap.parse_args()
+    global GUARD
+    GUARD = args.guard == "on"
+    print(f"stability guard: {args.guard}")
     if args.table != "verdicts":
         tmp = Path(tempfile.mkdtemp())
         given = args.sd != [0.06, 0.10, 0.165]

@@ -258,9 +258,9 @@ def _search(args, headline: dict[str, Any]) -> int:
         runner = SubprocessRunner()
         executor = _executor(args, spec, runner)
         probe = _machine_check(args)
-        if probe is not None and hasattr(getattr(executor, "session_runner", None), "machine"):
-            # The early cut does not act while the machine is busy.
-            executor.session_runner.machine = probe
+        if probe is not None and hasattr(executor, "attach_machine"):
+            # The early cut does not act while the machine is busy (every slot, local or on Ray).
+            executor.attach_machine(probe)
         progress = ConsoleProgress(quiet=args.quiet)
 
         def checkpoint(doc):

@@ -93,3 +93,33 @@ def test_sessions_lost_with_a_node_are_run_again_on_the_others(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+class _BusyProbe:
+    """A machine check that says busy and records the processes it is told are the search's own."""
+
+    busy_now = True
+
+    def __init__(self):
+        self.own: list[int] = []
+
+    def add_own(self, pids):
+        self.own += list(pids)
+
+
+def test_ray_slots_read_the_launcher_s_machine_check(tmp_path):
+    import psutil
+
+    job = _job(tmp_path, "busy", [{"batch_size": 64}, {"batch_size": 1}], 3)
+    probe = _BusyProbe()
+    with RayExecutor(None, cpus_per_slot=1, device="cpu", max_slots=1) as ex:
+        ex.attach_machine(probe)
+        # The slot's actor runs on this machine: its process tree is the search's own.
+        assert probe.own == [d["pid"] for d in ex.described.values()]
+        assert all(psutil.pid_exists(pid) for pid in probe.own)
+        [result] = ex.run_many([job])
+    fast, slow = result.arms
+    assert slow.samples_per_s < 0.5 * fast.samples_per_s
+    # The session carried "busy" to the slot: the slow arm was measured to the end.
+    assert len(slow.windows) == len(fast.windows) > 1
+    assert "the early cut did not act on a slow arm: the machine was busy" in result.note

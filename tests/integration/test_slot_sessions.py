@@ -91,3 +91,29 @@ def test_one_at_a_time_trials_are_pinned_too_and_threads_beyond_the_slot_are_ref
         assert too_many.status == "not_applicable"
         assert "threads 2 is more than the 1 core(s) of this slot" in too_many.error
         assert too_many.env["slot"] == slot and too_many.env["device"] == f"cpu:{cores[slot]}"
+
+
+class _Busy:
+    """The machine check's verdict as a session runner reads it: busy."""
+
+    busy_now = True
+
+
+def test_while_the_machine_is_busy_no_slot_cuts_a_slow_arm(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    # Batch 1 pays the per-step overhead for every sample: far below batch 64, so the early
+    # cut would retire it after one window on a quiet machine.
+    arms = [{"batch_size": 64}, {"batch_size": 1}]
+    jobs = [_job(tmp_path, "a", arms, 1), _job(tmp_path, "b", arms, 2)]
+    with SlotExecutor(2, cpus=cores[:2], gpus=[], device="cpu") as ex:
+        ex.attach_machine(_Busy())
+        results = ex.run_many(jobs)
+    assert sorted(r.arms[0].env["slot"] for r in results) == [0, 1]
+    for result in results:
+        assert result.mode == "interleaved", result.note
+        fast, slow = result.arms
+        assert slow.samples_per_s < 0.5 * fast.samples_per_s
+        assert len(slow.windows) == len(fast.windows) > 1
+        assert "the early cut did not act on a slow arm: the machine was busy" in result.note

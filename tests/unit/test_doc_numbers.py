@@ -76,7 +76,7 @@ def quotes() -> list[tuple[str, str]]:
         f"Instead {holdout_pairs(m.confidence)} further fresh pairs",
         f"`max(pairs, {holdout_pairs(m.confidence)})`",
         # Dependence.
-        f"taken half a standard error (`{dependence.RHO_MARGIN:g} / sqrt(n)`) high and kept within [0, {dependence.MAX_RHO:g}]",
+        f"taken {dependence.RHO_MARGIN:g} standard errors (`{dependence.RHO_MARGIN:g} / sqrt(n)`) high and kept within [0, {dependence.MAX_RHO:g}]",
         # Batch size.
         f"is within {pct(BatchSizeSearch.tolerance)} of the fitting size",
         # The final check and the recommendation.

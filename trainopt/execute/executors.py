@@ -31,7 +31,21 @@ from trainopt.contract.slots import Slot
 from trainopt.execute.session_runners import InterleavedSessionRunner
 
 __all__ = ["SessionJob", "SessionExecutor", "SerialExecutor", "SlotExecutor", "SlotThread", "record_placement",
-           "record_local", "FingerprintCheck", "local_device"]
+           "record_local", "FingerprintCheck", "local_device", "MachineFlag"]
+
+
+@dataclass(frozen=True)
+class MachineFlag:
+    """The machine check's latest verdict, as a session runner in another process reads it.
+
+    A Ray slot's runner cannot sample this machine's probe, so each session it is given
+    carries the probe's verdict at the moment the session was handed out.
+
+    Attributes:
+        busy_now: The launcher's latest machine sample said busy.
+    """
+
+    busy_now: bool
 
 
 @dataclass(frozen=True)
@@ -156,6 +170,11 @@ class SerialExecutor:
         self.session_runner = session_runner
         self.node = socket.gethostname()
 
+    def attach_machine(self, probe: Any) -> None:
+        """Let the session runner read the machine check (its early cut holds while the machine is busy)."""
+        if hasattr(self.session_runner, "machine"):
+            self.session_runner.machine = probe
+
     def run_many(self, jobs: list[SessionJob], exclusive: bool = False) -> list[SessionResult]:
         results = []
         for job in jobs:
@@ -257,6 +276,12 @@ class SlotExecutor:
         self._threads = [SlotThread(slot, factory(slot)) for slot in self.plan]
         self.fingerprints = FingerprintCheck()
         self._closed = False
+
+    def attach_machine(self, probe: Any) -> None:
+        """Let every slot's session runner read the machine check (the slots' own processes are the search's)."""
+        for slot_thread in self._threads:
+            if hasattr(slot_thread.session_runner, "machine"):
+                slot_thread.session_runner.machine = probe
 
     def run_many(self, jobs: list[SessionJob], exclusive: bool = False) -> list[SessionResult]:
         """Run the jobs on the free slots; with ``exclusive``, one at a time on slot 0, the rest idle."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from trainopt.decide.machine import Load, MachineCheck, judge, other_load
 
@@ -44,8 +44,14 @@ def _read_stat(pid_dir: Path) -> tuple[str, int, int] | None:
         return None
 
 
-def snapshot(root: Path = PROC) -> dict[str, Any] | None:
-    """Every process's CPU ticks, the search's own processes, and the load average; None without /proc."""
+def snapshot(root: Path = PROC, roots: Iterable[int] = ()) -> dict[str, Any] | None:
+    """Every process's CPU ticks, the search's own processes, and the load average; None without /proc.
+
+    Args:
+        root: The /proc to read.
+        roots: More processes whose trees are the search's own (a Ray slot's actor on this
+            machine, which is not this process's descendant when Ray was started apart).
+    """
     if not (root / "stat").exists():
         return None
     procs: dict[int, tuple[str, int]] = {}
@@ -62,7 +68,7 @@ def snapshot(root: Path = PROC) -> dict[str, Any] | None:
     except (OSError, ValueError, IndexError):
         load1 = None
     # The search's own processes: this one and every descendant (its trials and their workers).
-    own = {os.getpid()}
+    own = {os.getpid(), *(pid for pid in roots if pid in parents)}
     grew = True
     while grew:
         grew = False
@@ -88,10 +94,15 @@ class MachineProbe:
         self.before: dict[str, Any] | None = None
         self.during: list[dict[str, Any]] = []
         self.waited_s = 0.0
+        self.roots: set[int] = set()
         self._last = snapshot(root)
 
+    def add_own(self, pids: Iterable[int]) -> None:
+        """Count these processes and their descendants as the search's own from the next sample on."""
+        self.roots.update(int(p) for p in pids)
+
     def _since_last(self) -> Load | None:
-        now = snapshot(self.root)
+        now = snapshot(self.root, self.roots)
         last, self._last = self._last, now
         if last is None or now is None:
             return None

@@ -156,7 +156,8 @@ class _SlotActor:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-                "python": platform.python_version(), "device": self.slot.device, "cpus": list(self.slot.cpus)}
+                "python": platform.python_version(), "device": self.slot.device, "cpus": list(self.slot.cpus),
+                "pid": os.getpid()}
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """Run one session in a temporary folder; return its result and the arms' logs."""
@@ -171,6 +172,12 @@ class _SlotActor:
                 logs.append(folder / "logs" / f"arm{i}.log")
             done: queue.Queue = queue.Queue()
             t0 = time.time()
+            if hasattr(self.slot_thread.session_runner, "machine"):
+                # The launcher's machine check at the moment it handed out this session.
+                from trainopt.execute.executors import MachineFlag
+
+                busy = job.get("machine_busy")
+                self.slot_thread.session_runner.machine = None if busy is None else MachineFlag(bool(busy))
 
             def task() -> None:
                 try:
@@ -259,6 +266,18 @@ class RayExecutor:
         self.in_flight: dict[int, int] = {}
         self.lost_slots: list[int] = []
         self.reruns = 0
+        # The launcher's machine check (``machine_probe.MachineProbe``): each session carries its verdict.
+        self.machine: Any = None
+
+    def attach_machine(self, probe: Any) -> None:
+        """Hand each later session the machine check's latest verdict (the slots' early cut holds while busy).
+
+        The slots' actors on this machine are the search's own processes, not other load,
+        even when Ray was started apart from this process (``--ray auto``).
+        """
+        self.machine = probe
+        here = socket.gethostname()
+        probe.add_own(d["pid"] for d in self.described.values() if d.get("host") == here and d.get("pid"))
 
     def run_many(self, jobs: list[SessionJob], exclusive: bool = False) -> list[SessionResult]:
         """One result per job, in job order; sessions whose slot died are run again elsewhere.
@@ -278,7 +297,7 @@ class RayExecutor:
             while pending or running:
                 while pending and free and not (exclusive and running):
                     i, k = pending.popleft(), free.pop(0)
-                    running[self._actors[k].run.remote(_job_payload(jobs[i]))] = (i, k)
+                    running[self._actors[k].run.remote(_job_payload(jobs[i], self.machine))] = (i, k)
                     self.in_flight[i] = k
                 if not running:
                     raise UserError(f"--ray: every slot of the Ray cluster was lost (slots {self.lost_slots}); "
@@ -361,5 +380,7 @@ class RayExecutor:
         self.close()
 
 
-def _job_payload(job: SessionJob) -> dict[str, Any]:
-    return {"requests": [dataclasses.asdict(r) for r in job.requests], "timeout_s": job.timeout_s, "seed": job.seed}
+def _job_payload(job: SessionJob, machine: Any = None) -> dict[str, Any]:
+    """What a slot's actor needs of one session; ``machine_busy`` is None where no machine check runs."""
+    return {"requests": [dataclasses.asdict(r) for r in job.requests], "timeout_s": job.timeout_s, "seed": job.seed,
+            "machine_busy": None if machine is None else bool(machine.busy_now)}

@@ -165,7 +165,7 @@ def test_ten_percent_is_found_at_interleaved_session_noise_with_the_default_budg
     assert rate(got) >= 0.95
     big = [confirm(rule, rng.normal(math.log(1.25), 0.09, rule.max_pairs)) for _ in range(200)]
     # Under 10 pairs with independent pairs taken as such; the widening of the mean check
-    # for serial dependence (its estimate taken half a standard error high) costs some.
+    # for serial dependence (its estimate taken RHO_MARGIN standard errors high) costs some.
     assert np.mean([d.n for d in big]) < 11
     plain = SequentialRule.from_measure(MeasureSection(), dependence=False)
     assert np.mean([confirm(plain, rng.normal(math.log(1.25), 0.09, plain.max_pairs)).n for _ in range(200)]) < 10

@@ -67,3 +67,26 @@ def test_the_real_proc_counts_a_busy_loop_that_is_not_the_search_s():
         import signal
 
         os.kill(pid, signal.SIGKILL)
+
+
+def test_processes_added_as_the_search_s_own_bring_their_descendants(tmp_path):
+    # A Ray slot's actor started apart from the search (``ray start``): not this process's
+    # descendant, so only ``add_own`` makes it and its arms the search's own.
+    root = tmp_path / "proc"
+    procs = {300: ("raylet", 1, 5), 301: ("ray::_SlotActor", 300, 9), 302: ("python", 301, 40), 400: ("yes", 1, 7)}
+    write_proc(root, procs, 0.4)
+    assert not {300, 301, 302} & set(snapshot(root)["own"])
+    own = set(snapshot(root, roots=[301, 999])["own"])
+    assert {301, 302} <= own and not {300, 400, 999} & own
+
+    probe = MachineProbe(root=root)
+    probe.add_own([301])
+    # Both the actor's arm and the other process use a CPU-second's worth of ticks.
+    hz = snapshot(root)["hz"]
+    write_proc(root, {**procs, 302: ("python", 301, 40 + hz), 400: ("yes", 1, 7 + hz)}, 0.4)
+    time.sleep(0.6)
+    check = probe.sample()
+    assert check is not None
+    point = probe.during[-1]
+    # Only "yes" is another process: about one CPU-second over the ~0.6 s interval.
+    assert [name for name, _ in point["top"]] == ["yes"], point
