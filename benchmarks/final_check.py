@@ -3,8 +3,8 @@
 After two kept changes the final check's pairs are the baseline arms of the second change's
 held-out sessions (``search.holdout.HeldOutSessions``). This runs ``--reps`` complete searches of two
 knobs (amp off -> bf16 with true factor A, then num_workers 0 -> 1 with true factor B)
-through ``tests.fakes.FakeRunner`` and ``tests.fakes.MemoryStore`` (the real decision code,
-fake processes) and, among searches that kept both changes, prints how often the final
+through ``tests.fakes.simulated_search`` (the real decision code with the CLI's stability
+guard, fake processes) and, among searches that kept both changes, prints how often the final
 check's interval covers the true combined speedup A x B (nominal: the confidence, 0.95),
 its mean log error, and the same for the second change's held-out estimate against B and
 for the first change's against A (measured in the same sessions: the incumbent arm against
@@ -38,9 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
-from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
+from tests.fakes import FakeRunner, simulated_search  # noqa: E402
 from trainopt.contract.spec import spec_from_dict  # noqa: E402
-from trainopt.search.search import Search  # noqa: E402
 
 
 def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:
@@ -51,7 +50,7 @@ def row(tmp: Path, reps: int, a: float, b: float, sd: float) -> str:
         spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"], "num_workers": [0, 1]}, measure=measure),
                               "t.yaml", tmp)
         runner = FakeRunner({("amp", "bf16"): a, ("num_workers", 1): b}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed)
-        doc = Search(spec, tmp, runner, MemoryStore()).run()
+        doc = simulated_search(spec, tmp, runner).run()
         kept = [d for d in doc["decisions"] if d["kept"]]
         if len(kept) != 2:
             continue
@@ -82,7 +81,7 @@ def contradiction_row(tmp: Path, reps: int, sd: float, planted: bool) -> str:
         beside = [({"amp": "bf16", "num_workers": 1}, {"amp": "off", "num_workers": 0}, 1 / 1.21)] if planted else None
         runner = FakeRunner({("amp", "bf16"): 1.10, ("num_workers", 1): 1.10}, arm_sd=sd / math.sqrt(2), session_sd=0.1,
                             seed=seed, beside=beside)
-        doc = Search(spec, tmp, runner, MemoryStore()).run()
+        doc = simulated_search(spec, tmp, runner).run()
         best = doc["best"]["settings"]
         holds = best["amp"] == "bf16" and best["num_workers"] == 1
         both += holds

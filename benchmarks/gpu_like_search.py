@@ -33,10 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
-from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
+from tests.fakes import FakeRunner, simulated_search  # noqa: E402
 from trainopt.contract.spec import MeasureSection, spec_from_dict  # noqa: E402
-from trainopt.decide.stability import StabilityGuard  # noqa: E402
-from trainopt.search.search import Search  # noqa: E402
 
 BUDGET = {k: getattr(MeasureSection(), k) for k in ("pairs", "max_pairs", "confidence")}
 KNOBS = {"amp": ["off", "bf16"], "num_workers": [0, 2], "compile": ["off", "default"]}
@@ -46,9 +44,7 @@ def search(out: Path, seed: int, effects: dict, sd: float, **fake) -> tuple[dict
     spec = spec_from_dict(tiny_spec_dict(search=KNOBS, measure=BUDGET), "t.yaml", out)
     runner = FakeRunner(effects, seed=seed, arm_sd=sd, session_sd=sd, process_sd=2 * sd, window_sd=sd,
                         first_window=1.5, early_cut=True, **fake)
-    s = Search(spec, out, runner, MemoryStore(), guard=StabilityGuard())
-    s.broker.sleep = lambda seconds: None
-    return s.run(), runner
+    return simulated_search(spec, out, runner).run(), runner
 
 
 def verdict_table(out: Path, n: int) -> None:

@@ -42,11 +42,9 @@ sys.path.insert(0, str(ROOT))
 from scipy.stats import beta  # noqa: E402
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
-from tests.fakes import SKEW_MEAN, FakeRunner, MemoryStore  # noqa: E402
+from tests.fakes import SKEW_MEAN, FakeRunner, simulated_search  # noqa: E402
 from trainopt.contract.spec import spec_from_dict  # noqa: E402
 from trainopt.decide import dependence  # noqa: E402
-from trainopt.decide.stability import StabilityGuard  # noqa: E402
-from trainopt.search.search import Search  # noqa: E402
 
 MARGIN = 0.03
 
@@ -63,8 +61,7 @@ def improved_rate(tmp: Path, reps: int, *, effect: float, guard: bool = True, ma
         measure = {"pairs": 6, "max_pairs": max_pairs, "confidence": 0.95, "min_speedup": MARGIN}
         spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure=measure), "t.yaml", tmp)
         runner = FakeRunner({("amp", "bf16"): effect}, seed=seed, **runner_kw)
-        search = Search(spec, tmp, runner, MemoryStore(), guard=StabilityGuard() if guard else None)
-        search.broker.sleep = lambda s: None
+        search = simulated_search(spec, tmp, runner, guard=guard)
         doc = search.run()
         ds = [d for d in doc["decisions"] if d["knob"] == "amp"]
         wins += any(d["verdict"] == "improved" for d in ds)
@@ -109,9 +106,7 @@ def demo_rows(tmp: Path, reps: int) -> None:
                                   "t.yaml", tmp)
             runner = FakeRunner({("amp", "bf16"): 1.10, ("num_workers", 1): 1.10}, seed=seed, window_sd=0.02, windows=8,
                                 session_sd=0.01, arm_sd=0.09 / math.sqrt(2))
-            search = Search(spec, tmp, runner, MemoryStore(), guard=StabilityGuard())
-            search.broker.sleep = lambda s: None
-            best = search.run()["best"]["settings"]
+            best = simulated_search(spec, tmp, runner).run()["best"]["settings"]
             hits = (best.get("amp") == "bf16") + (best.get("num_workers") == 1)
             both += hits == 2
             one += hits >= 1

@@ -1,7 +1,7 @@
 """Loader workers bounded by the loader wait, simulated through ``Search``.
 
 A search of one knob, ``num_workers: [0, 2]``, runs ``--reps`` times through
-``tests.fakes.FakeRunner`` and ``tests.fakes.MemoryStore`` (the real decision code, fake
+``tests.fakes.simulated_search`` (the real decision code with the CLI's stability guard, fake
 processes) with and without the bound (``plan.loader_gain_bound`` replaced by one that never
 applies), for each (true factor, loader wait) row. It prints how often the candidate was
 called ``improved`` (a false win when the true factor is 1), how often it was kept, and the
@@ -24,10 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
-from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
+from tests.fakes import FakeRunner, simulated_search  # noqa: E402
 from trainopt.contract.spec import spec_from_dict  # noqa: E402
 from trainopt.decide import plan  # noqa: E402
-from trainopt.search.search import Search  # noqa: E402
 
 ROWS = [(1.0, 0.01), (1.0, 0.05), (1.10, 0.12), (1.25, 0.25)]
 
@@ -39,7 +38,7 @@ def row(tmp: Path, reps: int, factor: float, wait: float, sd: float, bound: bool
         spec = spec_from_dict(tiny_spec_dict(search={"num_workers": [0, 2]}, measure=measure), "t.yaml", tmp)
         runner = FakeRunner({("num_workers", 2): factor}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed, wait=wait)
         with mock.patch.object(plan, "loader_gain_bound", plan.loader_gain_bound if bound else (lambda *a: None)):
-            doc = Search(spec, tmp, runner, MemoryStore()).run()
+            doc = simulated_search(spec, tmp, runner).run()
         (d,) = [x for x in doc["decisions"] if x["knob"] == "num_workers"]
         improved += d["verdict"] == "improved"
         kept += bool(d["kept"])

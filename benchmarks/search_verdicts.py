@@ -52,12 +52,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import tiny_spec_dict  # noqa: E402
-from tests.fakes import FakeRunner, MemoryStore  # noqa: E402
+from tests.fakes import FakeRunner, simulated_search  # noqa: E402
 from trainopt.contract.spec import spec_from_dict  # noqa: E402
 from trainopt.decide.confirmation import IntervalRule  # noqa: E402
 from trainopt.decide.screen import RESCREEN_FLOOR  # noqa: E402
 from trainopt.decide.sequential import SequentialRule  # noqa: E402
-from trainopt.decide.stability import StabilityGuard  # noqa: E402
 from trainopt.search.search import Search  # noqa: E402
 
 # The CLI's stability guard in every search (``--guard off``: none, as before the guard kept pairs).
@@ -66,9 +65,7 @@ GUARD = True
 
 def make_search(spec, tmp: Path, runner, **kw) -> Search:
     """A ``Search`` as the CLI builds it: with the stability guard unless ``--guard off``."""
-    search = Search(spec, tmp, runner, MemoryStore(), guard=StabilityGuard() if GUARD else None, **kw)
-    search.broker.sleep = lambda s: None  # the guard's settle waits: simulated time
-    return search
+    return simulated_search(spec, tmp, runner, guard=GUARD, **kw)
 
 _FROM_MEASURE = SequentialRule.from_measure.__func__
 

@@ -348,9 +348,8 @@ def section_screen(args, rng):
 def section_search(args, rng):
     """Today's Search, through the fake runner: single fresh trials with the measured pair noise."""
     from tests.conftest import tiny_spec_dict
-    from tests.fakes import FakeRunner
+    from tests.fakes import FakeRunner, simulated_search
     from trainopt.contract.spec import spec_from_dict
-    from trainopt.search.search import Search
     from trainopt.search.store import TrialStore
 
     reps = max(20, args.reps // 40)
@@ -367,7 +366,7 @@ def section_search(args, rng):
                         tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure={"pairs": 6, "max_pairs": 20, "confidence": 0.95}),
                         "t.yaml", Path(tmp))
                     store = TrialStore(f"sqlite:///{Path(tmp) / 'trials.db'}", spec.name, spec.fingerprint())
-                    doc = Search(spec, Path(tmp), runner, store).run()
+                    doc = simulated_search(spec, Path(tmp), runner, store=store).run()
                     (d,) = [x for x in doc["decisions"] if x["knob"] == "amp"]
                     if d["kept"]:
                         kept += 1

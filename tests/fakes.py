@@ -434,3 +434,25 @@ class MemoryStore:
 
     def records(self) -> list[dict[str, Any]]:
         return list(self._records)
+
+
+def simulated_search(spec: Any, out_dir: Path, runner: Any, *, guard: bool = True, store: Any = None, **kw: Any) -> Any:
+    """A ``Search`` as the CLI builds it, over a fake runner: the real decision code.
+
+    Args:
+        spec: The experiment spec.
+        out_dir: The search's output folder.
+        runner: The runner (usually a ``FakeRunner``).
+        guard: Give it the CLI's stability guard (``StabilityGuard()``); False: none.
+        store: The trial store (default: a fresh ``MemoryStore``).
+        **kw: More ``Search`` arguments (``rule``, ...).
+
+    The guard's waits for the machine to settle take no time.
+    """
+    from trainopt.decide.stability import StabilityGuard
+    from trainopt.search.search import Search
+
+    search = Search(spec, out_dir, runner, store if store is not None else MemoryStore(),
+                    guard=StabilityGuard() if guard else None, **kw)
+    search.broker.sleep = lambda seconds: None
+    return search

@@ -14,10 +14,8 @@ import pytest
 from scipy.stats import binom
 
 from tests.conftest import tiny_spec_dict
-from tests.fakes import FakeRunner, MemoryStore
+from tests.fakes import FakeRunner, simulated_search
 from trainopt.contract.spec import spec_from_dict
-from trainopt.decide.stability import StabilityGuard
-from trainopt.search.search import Search
 
 pytestmark = pytest.mark.simulation
 
@@ -28,9 +26,7 @@ def search(tmp_path, seed, effect, guard=True, **kw):
     measure = {"pairs": 6, "max_pairs": 40, "confidence": 0.95, "min_speedup": 0.03}
     spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure=measure), "t.yaml", tmp_path)
     runner = FakeRunner({("amp", "bf16"): effect}, seed=seed, **kw)
-    s = Search(spec, tmp_path, runner, MemoryStore(), guard=StabilityGuard() if guard else None)
-    s.broker.sleep = lambda seconds: None
-    return s.run()
+    return simulated_search(spec, tmp_path, runner, guard=guard).run()
 
 
 def amp(doc):

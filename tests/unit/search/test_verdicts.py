@@ -21,22 +21,13 @@ import pytest
 from scipy.stats import binom
 
 from tests.conftest import tiny_spec_dict
-from tests.fakes import FakeRunner, MemoryStore
+from tests.fakes import FakeRunner, simulated_search
 from trainopt.contract.spec import MeasureSection, spec_from_dict
-from trainopt.decide.stability import StabilityGuard
-from trainopt.search.search import Search
 
 pytestmark = pytest.mark.simulation
 
 # The spec's own default budget: what a user who writes no measure section gets.
 DEFAULT_BUDGET = {k: getattr(MeasureSection(), k) for k in ("pairs", "max_pairs", "confidence")}
-
-
-def cli_search(spec, tmp_path, runner, **kw) -> Search:
-    """A ``Search`` as the CLI builds it, stability guard included (its settle waits simulated)."""
-    search = Search(spec, tmp_path, runner, MemoryStore(), guard=StabilityGuard(), **kw)
-    search.broker.sleep = lambda s: None
-    return search
 
 
 def search_once(tmp_path, *, effect, sd, seed, knob="amp", values=("off", "bf16"), winner=None, tail="normal", **measure):
@@ -48,7 +39,7 @@ def search_once(tmp_path, *, effect, sd, seed, knob="amp", values=("off", "bf16"
     spec = spec_from_dict(tiny_spec_dict(search={knob: list(values)}, measure={**DEFAULT_BUDGET, **measure}), "t.yaml", tmp_path)
     winners = values[1:] if winner is None else [winner]
     runner = FakeRunner({(knob, v): effect for v in winners}, arm_sd=sd / math.sqrt(2), session_sd=0.1, tail=tail, seed=seed)
-    doc = cli_search(spec, tmp_path, runner).run()
+    doc = simulated_search(spec, tmp_path, runner).run()
     decisions = Decisions(d for d in doc["decisions"] if d["knob"] == knob)
     decisions.best = doc["best"]["settings"]
     kept = [d for d in decisions if d["kept"]]
@@ -72,7 +63,7 @@ def false_wins(tmp_path, n, rule=None, **kw) -> int:
         spec_kw = {k: v for k, v in kw.items() if k not in ("sd", "tail")}
         spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure={**DEFAULT_BUDGET, **spec_kw}), "t.yaml", tmp_path)
         runner = FakeRunner({}, arm_sd=kw["sd"] / math.sqrt(2), session_sd=0.1, tail=kw.get("tail", "normal"), seed=seed)
-        doc = cli_search(spec, tmp_path, runner, rule=rule).run()
+        doc = simulated_search(spec, tmp_path, runner, rule=rule).run()
         wins += any(d["verdict"] == "improved" for d in doc["decisions"] if d["knob"] == "amp")
     return wins
 
@@ -158,7 +149,7 @@ def two_wins(tmp_path, seed, sd, beside=None):
     spec = spec_from_dict(tiny_spec_dict(search=BOTH, measure=DEFAULT_BUDGET), "t.yaml", tmp_path)
     runner = FakeRunner({("amp", "bf16"): 1.10, ("num_workers", 1): 1.10}, arm_sd=sd / math.sqrt(2), session_sd=0.1, seed=seed,
                         beside=beside)
-    doc = cli_search(spec, tmp_path, runner).run()
+    doc = simulated_search(spec, tmp_path, runner).run()
     best = doc["best"]["settings"]
     return sum(d["kept"] for d in doc["decisions"]) == 2, best["amp"] == "bf16" and best["num_workers"] == 1, doc
 
@@ -210,7 +201,7 @@ def test_at_the_cpu_pair_noise_a_skewed_change_whose_mean_gain_is_at_the_margin_
         spec = spec_from_dict(tiny_spec_dict(search={"amp": ["off", "bf16"]}, measure=DEFAULT_BUDGET), "t.yaml", tmp_path)
         runner = FakeRunner({("amp", "bf16"): 1.03 / SKEW_MEAN[shape]}, arm_sd=0.09 / math.sqrt(2), session_sd=0.1, seed=seed,
                             skewed={("amp", "bf16"): shape})
-        doc = cli_search(spec, tmp_path, runner).run()
+        doc = simulated_search(spec, tmp_path, runner).run()
         wins += any(d["verdict"] == "improved" for d in doc["decisions"] if d["knob"] == "amp")
     assert not_above(wins, n, 0.025), f"{wins}/{n} improved"
 
@@ -227,7 +218,7 @@ def test_a_search_scoped_error_budget_bounds_the_whole_search(tmp_path):
     for seed in range(n):
         measure = {**DEFAULT_BUDGET, "error_scope": "search", "min_speedup": 0.0}
         spec = spec_from_dict(tiny_spec_dict(search=NULL_KNOBS, measure=measure), "t.yaml", tmp_path)
-        doc = cli_search(spec, tmp_path, FakeRunner({}, arm_sd=0.09 / math.sqrt(2), session_sd=0.1, seed=seed)).run()
+        doc = simulated_search(spec, tmp_path, FakeRunner({}, arm_sd=0.09 / math.sqrt(2), session_sd=0.1, seed=seed)).run()
         adopted += any(d["kept"] for d in doc["decisions"])
         assert doc["error_rates"]["search"] == pytest.approx(0.025) and doc["error_rates"]["knobs"] == 6
     assert not_above(adopted, n, 0.025), f"{adopted}/{n} searches adopted a change without effect"
