@@ -8,12 +8,13 @@ retired with the session runner's own rules (``early_cut``). Tables:
 
 1. verdicts and bias: how often each real win is kept and reaches ``best.yaml``, how
    often the effect-free knob is kept, the mean and sd of the log error of the reported
-   figures (each kept change's speedup, the final check's), and sessions re-measured by
-   the stability guard on a quiet machine;
+   figures (each kept change's speedup, the final check's), and searches with a session
+   the stability guard flagged on a quiet machine (screens re-measured, pairs kept and marked);
 2. the early cut: windows measured by the arms a comparison needs (confirmation,
    held-out, final check) and by a screen's far-slower arm;
 3. a 25 % step of every arm's speed after ``k`` sessions: searches in which the guard
-   flagged a session as shifted and re-measured it, searches warned by the final check,
+   flagged a session as shifted, searches with a verdict marked unstable (a flagged pair
+   session is kept and its verdict marked), searches warned by the final check,
    and searches whose kept changes are still the real ones.
 
 Usage:
@@ -49,12 +50,12 @@ def search(out: Path, seed: int, effects: dict, sd: float, **fake) -> tuple[dict
 
 def verdict_table(out: Path, n: int) -> None:
     print("| noise | truth (amp, compile; num_workers none) | amp kept | compile kept | both in best.yaml | "
-          "num_workers kept | log error of amp / compile / final: mean (sd) | searches with a re-measured session |")
+          "num_workers kept | log error of amp / compile / final: mean (sd) | searches with a flagged session (re-measured screens / marked pairs) |")
     print("|---|---|---|---|---|---|---|---|")
     rows = [(sd, amp, comp) for sd in (0.01, 0.02) for amp, comp in ((2.0, 1.2), (2.5, 1.4), (5.0, 1.2))]
     for r, (sd, amp, comp) in enumerate(rows):
         kept = {"amp": 0, "compile": 0, "num_workers": 0}
-        best = retried = 0
+        best = flagged = retried = 0
         err: dict[str, list[float]] = {"amp": [], "compile": [], "final": []}
         for seed in range(1000 * r, 1000 * r + n):
             doc, _ = search(out, seed, {("amp", "bf16"): amp, ("compile", "default"): comp}, sd)
@@ -63,6 +64,7 @@ def verdict_table(out: Path, n: int) -> None:
                 kept[k] += bool(d[k]["kept"])
             best += doc["best"]["settings"]["amp"] == "bf16" and doc["best"]["settings"]["compile"] == "default"
             retried += doc["stability"]["retries"] > 0
+            flagged += any(not p["stable"] for p in doc["stability"]["points"])
             for k, truth in (("amp", amp), ("compile", comp)):
                 if d[k]["kept"]:
                     err[k].append(math.log(d[k]["speedup"] / truth))
@@ -70,7 +72,7 @@ def verdict_table(out: Path, n: int) -> None:
                 err["final"].append(math.log(doc["final"]["speedup"] / (amp * comp)))
         errs = " / ".join(f"{statistics.fmean(e):+.4f} ({statistics.stdev(e):.4f})" for e in err.values())
         print(f"| {sd:.0%} | {amp:g}x, {comp:g}x | {kept['amp']}/{n} | {kept['compile']}/{n} | {best}/{n} | "
-              f"{kept['num_workers']}/{n} | {errs} | {retried}/{n} |")
+              f"{kept['num_workers']}/{n} | {errs} | {flagged}/{n} ({retried}) |")
 
 
 def cut_table(out: Path, n: int) -> None:
@@ -97,19 +99,19 @@ def cut_table(out: Path, n: int) -> None:
 
 
 def step_table(out: Path, n: int) -> None:
-    print("| step after session | searches flagged as shifted and re-measured | warned by the final check | "
+    print("| step after session | searches flagged as shifted | with verdicts marked unstable | warned by the final check | "
           "kept changes right |")
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     effects = {("amp", "bf16"): 2.5, ("compile", "default"): 1.4}
     for after in (4, 8, 10, 14, 20, 26, 30):
-        flagged = warned = right = 0
+        flagged = marked = warned = right = 0
         for seed in range(n):
             doc, _ = search(out, seed, effects, 0.01, step=(after, 0.75))
-            flagged += any("below its level" in p["reason"] for p in doc["stability"]["points"]) \
-                and doc["stability"]["retries"] > 0
+            flagged += any("below its level" in p["reason"] for p in doc["stability"]["points"])
+            marked += doc["stability"]["unstable_verdicts"] > 0
             warned += any("final check disagrees" in w for w in doc["warnings"])
             right += [d["to"] for d in doc["decisions"] if d["kept"]] == ["bf16", "default"]
-        print(f"| {after} | {flagged}/{n} | {warned}/{n} | {right}/{n} |")
+        print(f"| {after} | {flagged}/{n} | {marked}/{n} | {warned}/{n} | {right}/{n} |")
 
 
 def main() -> None:
