@@ -14,9 +14,10 @@ besides the planted loop) is busy before the planted loop starts.
 
 Usage:
     python benchmarks/busy_machine.py [--start before|during|none] [--loops 1] [--after-s 30]
-        [--out runs/busy-machine] [--smoke]
+        [--out runs/busy-machine] [--smoke] [--parallel N]
 
-``--smoke`` stops the search as soon as the warning (or the first trial) shows and checks only
+``--parallel N`` runs the search's sessions in N slots (with slots of one core, the spec has
+one thread and ``sync_every`` alone). ``--smoke`` stops the search as soon as the warning (or the first trial) shows and checks only
 that part (a few seconds; nothing is measured).
 """
 
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LOOP = "while True: pass"
 
 
-def write_spec(folder: Path) -> Path:
+def write_spec(folder: Path, parallel: int | None = None) -> Path:
+    """The MLP starter with the A/A knobs; with slots of one core each, one thread and ``sync_every`` only."""
     subprocess.run([sys.executable, "-m", "trainopt", "init", "--model", "mlp", str(folder / "spec.yaml")], check=True,
                    capture_output=True, cwd=folder)
     import yaml
@@ -46,6 +48,10 @@ def write_spec(folder: Path) -> Path:
     spec["name"] = "busy-machine"
     spec["baseline"]["threads"] = 2
     spec["search"] = {"sync_every": [1, 8], "threads": [2, 1]}
+    if parallel and parallel > 1:
+        # A slot of one core cannot run two threads (the search refuses it): sync_every alone.
+        spec["baseline"]["threads"] = 1
+        spec["search"] = {"sync_every": [1, 8]}
     (folder / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return folder / "spec.yaml"
 
@@ -68,9 +74,10 @@ def main() -> None:
     ap.add_argument("--after-s", type=float, default=30.0, help="with --start during: seconds after the search starts")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--parallel", type=int, default=None, help="run the search's sessions in N slots (--parallel N)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp())
-    spec = write_spec(work)
+    spec = write_spec(work, args.parallel)
     out = Path(args.out) if args.out else work / "out"
     loops: list[subprocess.Popen] = []
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -79,7 +86,8 @@ def main() -> None:
             loops = start_loops(args.loops)
             time.sleep(2.0)
         t0 = time.monotonic()
-        search = subprocess.Popen([sys.executable, "-m", "trainopt", "search", str(spec), "--out", str(out), "--fresh"],
+        extra = ["--parallel", str(args.parallel)] if args.parallel else []
+        search = subprocess.Popen([sys.executable, "-m", "trainopt", "search", str(spec), "--out", str(out), "--fresh", *extra],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=work,
                                   start_new_session=True)
         warned_before_first_trial = None
